@@ -1,0 +1,242 @@
+"""Settings: read from the environment (prefix ``PONDER_``) in this module only.
+
+Every field has a default and a description; cross-field checks say what to change.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from enum import StrEnum
+from functools import lru_cache
+from typing import Annotated, Any
+
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+
+from ponder.errors import ConfigError
+
+__all__ = ["Mode", "ModeConfig", "Settings", "get_settings", "load_settings"]
+
+NUM_PRIORITIES = 6
+
+
+class Mode(StrEnum):
+    fast = "fast"
+    standard = "standard"
+    deep = "deep"
+
+
+class ModeConfig(BaseModel):
+    """Defaults and caps of one mode."""
+
+    samples: int = Field(ge=1, description="samples run by default")
+    max_samples: int = Field(ge=1, description="the most samples a request may ask for")
+    temperature: float = Field(ge=0.0, le=2.0, description="sampling temperature by default")
+    max_temperature: float = Field(default=1.5, ge=0.0, le=2.0)
+    max_new_tokens: int = Field(ge=1, description="tokens per sample by default")
+    max_max_new_tokens: int = Field(ge=1, description="the most tokens a request may ask for")
+    sample_timeout_s: float = Field(gt=0, description="one sample's time limit")
+    task_timeout_s: float = Field(gt=0, description="the whole task's time limit")
+    max_timeout_s: float = Field(gt=0, description="the most timeout_s a request may ask for")
+
+    @model_validator(mode="after")
+    def _check_caps(self) -> ModeConfig:
+        if self.samples > self.max_samples:
+            raise ValueError(f"samples={self.samples} exceeds max_samples={self.max_samples}")
+        if self.max_new_tokens > self.max_max_new_tokens:
+            raise ValueError(
+                f"max_new_tokens={self.max_new_tokens} exceeds "
+                f"max_max_new_tokens={self.max_max_new_tokens}"
+            )
+        if self.task_timeout_s > self.max_timeout_s:
+            raise ValueError(
+                f"task_timeout_s={self.task_timeout_s} exceeds max_timeout_s={self.max_timeout_s}"
+            )
+        return self
+
+
+def default_modes() -> dict[Mode, ModeConfig]:
+    return {
+        Mode.fast: ModeConfig(
+            samples=1, max_samples=1, temperature=0.3, max_new_tokens=512,
+            max_max_new_tokens=2048, sample_timeout_s=60, task_timeout_s=300, max_timeout_s=600,
+        ),
+        Mode.standard: ModeConfig(
+            samples=3, max_samples=8, temperature=0.5, max_new_tokens=1024,
+            max_max_new_tokens=2048, sample_timeout_s=60, task_timeout_s=300, max_timeout_s=600,
+        ),
+        Mode.deep: ModeConfig(
+            samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
+            max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
+        ),
+    }  # fmt: skip
+
+
+def _default_node_id() -> str:
+    host = "".join(c for c in socket.gethostname().split(".")[0] if c.isalnum() or c == "_")
+    return f"{host[:12] or 'node'}.{os.getpid()}"
+
+
+def _split_csv(value: Any) -> Any:
+    if isinstance(value, str):
+        return [part.strip() for part in value.split(",") if part.strip()]
+    return value
+
+
+class Settings(BaseSettings):
+    """ponder's configuration. Each field is read from ``PONDER_<FIELD>``."""
+
+    model_config = SettingsConfigDict(
+        env_prefix="PONDER_", env_nested_delimiter="__", extra="ignore", validate_default=True
+    )
+
+    # --- store ------------------------------------------------------------------------
+    redis_url: str | None = Field(
+        default=None, description="Redis URL; unset means the embedded SQLite store"
+    )
+    sqlite_path: str = Field(default="./ponder.db", description="file of the embedded store")
+    key_prefix: str = Field(default="ponder", description="prefix of every Redis key")
+    task_ttl_s: int = Field(default=86_400, ge=1, description="how long finished tasks are kept")
+    store_timeout_s: float = Field(default=2.0, gt=0, description="time limit of one store call")
+
+    # --- api --------------------------------------------------------------------------
+    host: str = Field(default="127.0.0.1", description="address the HTTP server binds to")
+    port: int = Field(default=8000, ge=0, le=65535)
+    node_id: str = Field(
+        default_factory=_default_node_id,
+        pattern=r"^[A-Za-z0-9_.]+$",
+        description="names this process in task ids",
+    )
+    max_pending: int = Field(default=500, ge=1, description="backlog limit of pending tasks")
+    max_prompt_chars: int = Field(default=32_000, ge=1, description="longest prompt accepted")
+    max_body_bytes: int = Field(default=262_144, ge=1024, description="largest request body")
+    max_metadata_bytes: int = Field(default=4096, ge=0)
+    max_tests_chars: int = Field(default=32_000, ge=0)
+    retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 queue_full")
+    api_keys: Annotated[list[str], NoDecode] = Field(
+        default_factory=list, description="SHA-256 hex digests of the accepted API keys"
+    )
+
+    # --- worker -----------------------------------------------------------------------
+    worker_max_tasks: int = Field(default=32, ge=1, description="tasks in flight per worker")
+    priority_quotas: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [4, 3, 2, 2, 1, 1],
+        description="weighted fair share across priorities 0..5",
+    )
+    lease_s: float = Field(default=30.0, gt=0, description="a claimed task's lease")
+    heartbeat_s: float = Field(default=0.0, ge=0, description="lease renewal; 0 = lease_s/3")
+    max_deliveries: int = Field(default=5, ge=1, description="claims of one task before failing")
+    claim_block_ms: int = Field(default=1000, ge=10, description="idle wait of one claim call")
+    shutdown_grace_s: float = Field(default=10.0, ge=0)
+    modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
+
+    # --- batcher ----------------------------------------------------------------------
+    batch_max_size: int = Field(default=8, ge=1, description="requests per engine call")
+    batch_max_wait_ms: float = Field(
+        default=50.0, ge=0, description="longest wait of the oldest buffered request"
+    )
+    batch_max_buffer: int = Field(default=1000, ge=1, description="buffered requests at most")
+    batch_max_concurrent: int = Field(default=1, ge=1, description="batches running at once")
+    batch_bucket_edges: Annotated[list[int], NoDecode] = Field(
+        default_factory=lambda: [64, 256, 1024],
+        description="prompt-length bucket edges (tokens, or characters without a tokenizer)",
+    )
+    batch_adaptive: bool = Field(
+        default=True, description="dispatch early when a full batch is not expected in time"
+    )
+
+    # --- engine -----------------------------------------------------------------------
+    engine: str = Field(
+        default="scripted", description="engine name: transformers, openai or scripted"
+    )
+    model: str = Field(
+        default="smollm2-135m",
+        description="transformers engine: a packaged model name, a directory or a .gguf file",
+    )
+    model_cache_dir: str = Field(
+        default="~/.cache/ponder/models", description="where converted models are cached"
+    )
+    torch_threads: int = Field(default=0, ge=0, description="torch CPU threads; 0 = torch's")
+    openai_base_url: str = Field(
+        default="http://127.0.0.1:8001/v1", description="openai engine: server base URL"
+    )
+    openai_api_key: str = Field(default="", description="openai engine: bearer key")
+    openai_model: str = Field(default="", description="openai engine: model name to ask for")
+    openai_timeout_s: float = Field(default=120.0, gt=0)
+    openai_max_retries: int = Field(default=3, ge=0)
+    scripted_batch_ms: Annotated[list[float], NoDecode] = Field(
+        default_factory=lambda: [0.0, 0.0],
+        description="scripted engine latency per batch: base,per_item (ms)",
+    )
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        return [k.lower() for k in _split_csv(value)]
+
+    @field_validator("api_keys")
+    @classmethod
+    def _check_keys(cls, value: list[str]) -> list[str]:
+        for key in value:
+            if len(key) != 64 or any(c not in "0123456789abcdef" for c in key):
+                raise ValueError(
+                    "each entry must be the SHA-256 hex digest of a key (64 hex characters); "
+                    "`ponder keys new` prints one"
+                )
+        return value
+
+    @field_validator("priority_quotas", "scripted_batch_ms", "batch_bucket_edges", mode="before")
+    @classmethod
+    def _parse_numbers(cls, value: Any) -> Any:
+        return _split_csv(value)
+
+    @field_validator("priority_quotas")
+    @classmethod
+    def _check_quotas(cls, value: list[int]) -> list[int]:
+        if len(value) != NUM_PRIORITIES or any(q < 1 for q in value):
+            raise ValueError(f"give {NUM_PRIORITIES} positive integers, e.g. 4,3,2,2,1,1")
+        return value
+
+    @field_validator("scripted_batch_ms")
+    @classmethod
+    def _check_latency(cls, value: list[float]) -> list[float]:
+        if len(value) != 2 or any(v < 0 for v in value):
+            raise ValueError("give two non-negative numbers: base_ms,per_item_ms, e.g. 200,6.7")
+        return value
+
+    @field_validator("batch_bucket_edges")
+    @classmethod
+    def _check_edges(cls, value: list[int]) -> list[int]:
+        if any(b <= a for a, b in zip(value, value[1:], strict=False)) or any(v < 1 for v in value):
+            raise ValueError("give increasing positive integers, e.g. 64,256,1024")
+        return value
+
+    @field_validator("modes", mode="after")
+    @classmethod
+    def _complete_modes(cls, value: dict[Mode, ModeConfig]) -> dict[Mode, ModeConfig]:
+        return {**default_modes(), **value}
+
+    @property
+    def heartbeat_interval_s(self) -> float:
+        return self.heartbeat_s or self.lease_s / 3
+
+    def mode(self, mode: Mode | str) -> ModeConfig:
+        return self.modes[Mode(mode)]
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Read settings from the environment (and ``overrides``); raise ConfigError if wrong."""
+    try:
+        return Settings(**overrides)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"PONDER_{'__'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(f"invalid configuration: {problems}") from e
+
+
+@lru_cache(maxsize=1)
+def get_settings() -> Settings:
+    return load_settings()

@@ -1,0 +1,74 @@
+"""The exception hierarchy of ponder.
+
+Recoverable failures (a sample can be retried, a store call can be tried again later)
+derive from :class:`RecoverableError`; the rest are fatal for the operation at hand.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "BatcherFull",
+    "ConfigError",
+    "EngineDeadError",
+    "EngineError",
+    "IdempotencyConflict",
+    "InvalidTransition",
+    "PonderError",
+    "QueueFull",
+    "RecoverableError",
+    "StoreUnavailable",
+    "TaskConflict",
+    "TaskNotFound",
+]
+
+
+class PonderError(Exception):
+    """Base class of every error ponder raises on purpose."""
+
+
+class RecoverableError(PonderError):
+    """A failure worth retrying later (the store is down, the batcher is full)."""
+
+
+class ConfigError(PonderError):
+    """A setting is wrong; the message names it and says what to change."""
+
+
+class StoreUnavailable(RecoverableError):
+    """The store (Redis or SQLite) cannot be reached."""
+
+
+class QueueFull(RecoverableError):
+    """The backlog of pending tasks is at its limit."""
+
+    def __init__(self, limit: int) -> None:
+        super().__init__(f"the backlog of pending tasks is at its limit ({limit}); retry later")
+        self.limit = limit
+
+
+class BatcherFull(RecoverableError):
+    """The batcher's buffer is at its limit; the caller should back off and retry."""
+
+
+class TaskNotFound(PonderError):
+    """No task with that id (or it belongs to another key)."""
+
+
+class TaskConflict(PonderError):
+    """The operation conflicts with the task's state (e.g. cancel of a finished task)."""
+
+
+class IdempotencyConflict(PonderError):
+    """An Idempotency-Key was reused with a different request body."""
+
+
+class InvalidTransition(PonderError):
+    """A task state transition that the state machine does not allow."""
+
+
+class EngineError(RecoverableError):
+    """One generation failed; other requests and later calls may still succeed."""
+
+
+class EngineDeadError(PonderError):
+    """The engine cannot serve any more requests (model failed to load, process died)."""

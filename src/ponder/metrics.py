@@ -1,0 +1,67 @@
+"""Prometheus metrics, defined once here and served on ``GET /metrics``.
+
+Each process has its own registry; the all-in-one ``ponder serve`` shows everything,
+``ponder api`` shows API and queue figures, workers count their own.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+__all__ = ["REGISTRY"]
+
+REGISTRY = CollectorRegistry()
+
+_LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
+
+QUEUE_DEPTH = Gauge(
+    "ponder_queue_depth", "Pending tasks by priority", ["priority"], registry=REGISTRY
+)
+TASKS_SUBMITTED = Counter(
+    "ponder_tasks_submitted_total", "Tasks accepted by the API", ["mode"], registry=REGISTRY
+)
+TASKS_REJECTED = Counter(
+    "ponder_tasks_rejected_total", "Submits refused", ["code"], registry=REGISTRY
+)
+TASKS_FINISHED = Counter(
+    "ponder_tasks_finished_total", "Tasks by final status", ["status"], registry=REGISTRY
+)
+SAMPLE_LATENCY = Histogram(
+    "ponder_sample_latency_seconds", "Sample latency", buckets=_LATENCY_BUCKETS, registry=REGISTRY
+)
+TOKENS_GENERATED = Counter(
+    "ponder_completion_tokens_total", "Completion tokens generated", registry=REGISTRY
+)
+ENGINE_TOKENS_PER_S = Gauge(
+    "ponder_engine_tokens_per_second", "Completion tokens/s of the last batch", registry=REGISTRY
+)
+BATCH_SIZE = Histogram(
+    "ponder_batch_size",
+    "Requests per engine call",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128),
+    registry=REGISTRY,
+)
+BATCH_WAIT = Histogram(
+    "ponder_batch_wait_seconds",
+    "Time a request waited in the batcher before its batch ran",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+BATCH_RUN = Histogram(
+    "ponder_batch_run_seconds", "Engine time of one batch", buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
+)
+BATCH_PADDING = Histogram(
+    "ponder_batch_padding_ratio",
+    "Share of a batch's prompt slots that are padding",
+    buckets=(0.0, 0.05, 0.1, 0.2, 0.3, 0.5, 0.7, 0.9, 1.0),
+    registry=REGISTRY,
+)
+BUFFER_DEPTH = Gauge(
+    "ponder_batcher_buffer_depth", "Requests buffered in the batcher by priority", ["priority"],
+    registry=REGISTRY,
+)
+WEBHOOK_DELIVERIES = Counter(
+    "ponder_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"],
+    registry=REGISTRY,
+)

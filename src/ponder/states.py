@@ -1,0 +1,47 @@
+"""The task state machine: the transitions of API.md and nothing else.
+
+::
+
+    pending ──► running ──► done | partial_done | failed
+       │           │
+       └───────────┴──► cancelled
+
+Terminal states never change. Only workers move a task forward (``running`` and the
+ends); the API creates tasks (``pending``) and cancels them.
+"""
+
+from __future__ import annotations
+
+from ponder.errors import InvalidTransition
+from ponder.types import TaskStatus
+
+__all__ = ["TERMINAL", "TRANSITIONS", "check_transition", "is_terminal"]
+
+TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
+    TaskStatus.pending: frozenset({TaskStatus.running, TaskStatus.cancelled}),
+    TaskStatus.running: frozenset(
+        {TaskStatus.done, TaskStatus.partial_done, TaskStatus.failed, TaskStatus.cancelled}
+    ),
+    TaskStatus.done: frozenset(),
+    TaskStatus.partial_done: frozenset(),
+    TaskStatus.failed: frozenset(),
+    TaskStatus.cancelled: frozenset(),
+}
+
+TERMINAL: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)
+
+
+def is_terminal(status: TaskStatus | str) -> bool:
+    return TaskStatus(status) in TERMINAL
+
+
+def check_transition(old: TaskStatus | str, new: TaskStatus | str) -> None:
+    """Raise :class:`InvalidTransition` unless ``old -> new`` is allowed."""
+    old, new = TaskStatus(old), TaskStatus(new)
+    if new not in TRANSITIONS[old]:
+        raise InvalidTransition(f"a task cannot go from {old.value} to {new.value}")
+
+
+def sources_of(new: TaskStatus) -> frozenset[TaskStatus]:
+    """The states from which ``new`` may be reached (used by the stores' atomic updates)."""
+    return frozenset(old for old, nxt in TRANSITIONS.items() if new in nxt)

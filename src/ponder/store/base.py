@@ -1,0 +1,161 @@
+"""The store + queue interface: one contract, two implementations (Redis, SQLite).
+
+The store keeps task records, the per-priority queues of task ids, each task's event log
+and the workers' liveness. Every state change is a compare-and-set on the record's
+revision (``Task.rev``), so a cancel by the API and a worker's update can never overwrite
+each other; both implementations are checked by one contract test suite.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from ponder.types import Task, TaskStatus
+
+__all__ = ["Claim", "Event", "TaskStore"]
+
+
+@dataclass(frozen=True)
+class Claim:
+    """A queue entry handed to one worker. ``receipt`` identifies it for ack and renew."""
+
+    task_id: str
+    priority: int
+    receipt: str
+
+
+@dataclass(frozen=True)
+class Event:
+    """One entry of a task's event log (the SSE / WebSocket stream)."""
+
+    id: str
+    event: str
+    data: dict[str, Any]
+
+
+class TaskStore(ABC):
+    """Tasks, queues, events and worker liveness.
+
+    Contract (checked by ``tests/store/test_contract.py`` against every implementation):
+
+    - :meth:`create_task` is atomic: admission (pending < ``max_pending``), the
+      idempotency check, the record, the queue entry and the first event happen together
+      or not at all.
+    - :meth:`update_task` writes only over the revision the task was read at; on success
+      it bumps ``task.rev``. Leaving ``pending`` frees a backlog slot; reaching a
+      terminal state sets the record's time-to-live.
+    - A claimed entry stays owned by its consumer until :meth:`ack`; an entry whose lease
+      was not renewed for ``min_idle_s`` is handed out again by :meth:`reclaim`.
+    - Every method raises :class:`~ponder.errors.StoreUnavailable` when the backend
+      cannot be reached within the configured timeout.
+    """
+
+    # --- lifecycle --------------------------------------------------------------------
+    @abstractmethod
+    async def start(self) -> None:
+        """Connect (and create schema / consumer groups). Idempotent."""
+
+    @abstractmethod
+    async def close(self) -> None:
+        """Release connections. Idempotent."""
+
+    @abstractmethod
+    async def ping(self) -> bool:
+        """True when the backend answers."""
+
+    # --- api side ---------------------------------------------------------------------
+    @abstractmethod
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+    ) -> tuple[Task, bool]:
+        """Store and enqueue ``task``; return ``(task, True)``.
+
+        With an ``idempotency_key`` already used by the same owner: the stored task and
+        ``False`` when ``body_hash`` matches, else :class:`IdempotencyConflict`.
+        Raises :class:`QueueFull` (storing nothing) when ``max_pending`` tasks are pending.
+        """
+
+    @abstractmethod
+    async def get_task(self, task_id: str) -> Task | None:
+        """The task, or ``None`` if unknown or expired."""
+
+    @abstractmethod
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """The owner's tasks, newest first, and the cursor of the next page (or None)."""
+
+    @abstractmethod
+    async def pending_count(self) -> int:
+        """How many tasks are ``pending`` (the backpressure figure)."""
+
+    @abstractmethod
+    async def queue_depths(self) -> dict[int, int]:
+        """Pending tasks by priority level."""
+
+    # --- both -------------------------------------------------------------------------
+    @abstractmethod
+    async def update_task(self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+        """Write ``task`` if the stored revision is still ``task.rev``; append ``events``.
+
+        Returns False (writing nothing) when the record changed since it was read or is
+        gone. The caller has checked the transition with :func:`ponder.states.check_transition`;
+        the store only needs the previous status to keep the backlog count right, and reads
+        it from its own record.
+        """
+
+    # --- worker side ------------------------------------------------------------------
+    @abstractmethod
+    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+        """Take the next entry, trying the priority levels in the order given.
+
+        Waits up to ``block_ms`` for an entry when every level is empty (woken by new
+        entries, not by polling where the backend allows it); returns None on timeout.
+        """
+
+    @abstractmethod
+    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        """Take over entries whose lease was not renewed for ``min_idle_s`` seconds."""
+
+    @abstractmethod
+    async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
+        """Renew the leases of ``claims`` (resets their idle time)."""
+
+    @abstractmethod
+    async def ack(self, claim: Claim) -> None:
+        """Remove a finished entry from its queue for good."""
+
+    @abstractmethod
+    async def release(self, claim: Claim) -> None:
+        """Give an entry back so another worker takes it at once (graceful shutdown)."""
+
+    # --- events -----------------------------------------------------------------------
+    @abstractmethod
+    async def read_events(
+        self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
+    ) -> list[Event]:
+        """Events of the task after event id ``after`` (None: from the start), oldest first.
+
+        When there are none and ``block_ms`` > 0, waits up to that long for one.
+        """
+
+    # --- liveness ---------------------------------------------------------------------
+    @abstractmethod
+    async def register_worker(self, worker_id: str, ttl_s: float) -> None:
+        """Mark the worker alive for ``ttl_s`` seconds."""
+
+    @abstractmethod
+    async def unregister_worker(self, worker_id: str) -> None:
+        """Mark the worker gone (clean shutdown)."""
+
+    @abstractmethod
+    async def live_workers(self) -> int:
+        """How many workers are alive."""

@@ -1,0 +1,167 @@
+"""The domain model: Task, Sample, Result and the request that creates a task.
+
+These are the shapes of API.md; a field may be added, never renamed or removed.
+"""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = [
+    "CallbackInfo",
+    "Delivery",
+    "Result",
+    "Sample",
+    "SampleStatus",
+    "Task",
+    "TaskError",
+    "TaskStatus",
+    "TaskType",
+    "Tokens",
+    "Usage",
+    "utcnow",
+]
+
+
+def utcnow() -> datetime:
+    return datetime.now(UTC)
+
+
+class TaskStatus(StrEnum):
+    pending = "pending"
+    running = "running"
+    done = "done"
+    partial_done = "partial_done"
+    failed = "failed"
+    cancelled = "cancelled"
+
+
+class SampleStatus(StrEnum):
+    queued = "queued"
+    running = "running"
+    done = "done"
+    timeout = "timeout"
+    error = "error"
+    cancelled = "cancelled"
+    skipped = "skipped"
+
+
+class TaskType(StrEnum):
+    auto = "auto"
+    math = "math"
+    code = "code"
+    choice = "choice"
+    text = "text"
+
+
+class Tokens(BaseModel):
+    prompt: int = 0
+    completion: int = 0
+
+
+class TaskError(BaseModel):
+    code: str
+    message: str
+
+
+class Sample(BaseModel):
+    index: int
+    path: str = "cot"
+    temperature: float
+    seed: int
+    status: SampleStatus = SampleStatus.queued
+    text: str | None = None
+    answer: str | None = None
+    confidence: float | None = None
+    tokens: Tokens = Field(default_factory=Tokens)
+    latency_ms: int | None = None
+    error: TaskError | None = None
+    finish_reason: str | None = None
+    mean_logprob: float | None = None
+
+
+class Result(BaseModel):
+    answer: str | None
+    text: str
+    confidence: float
+    agreement: float
+    votes: dict[str, int]
+    chosen_sample: int
+    reasoning: str | None = None
+    clarification: str | None = None
+
+
+class Usage(BaseModel):
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+class Delivery(BaseModel):
+    event: str
+    attempts: int = 0
+    status_code: int | None = None
+    webhook_id: str | None = None
+    delivered: bool = False
+    error: str | None = None
+
+
+class CallbackInfo(BaseModel):
+    url: str
+    deliveries: list[Delivery] = Field(default_factory=list)
+
+
+class Task(BaseModel):
+    """A task as stored and as returned by the API."""
+
+    model_config = ConfigDict(use_enum_values=False)
+
+    id: str
+    status: TaskStatus = TaskStatus.pending
+    mode: Literal["fast", "standard", "deep"] = "standard"
+    task_type: TaskType = TaskType.auto
+    priority: int = 3
+    created_at: datetime = Field(default_factory=utcnow)
+    started_at: datetime | None = None
+    finished_at: datetime | None = None
+    samples_planned: int = 0
+    samples_done: int = 0
+    samples: list[Sample] = Field(default_factory=list)
+    preliminary: Result | None = None
+    result: Result | None = None
+    error: TaskError | None = None
+    usage: Usage = Field(default_factory=Usage)
+    callback: CallbackInfo | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+    # --- what the worker needs to run it (part of the Task body too: clients see what ran)
+    prompt: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    max_new_tokens: int = 0
+    temperature: float = 0.0
+    timeout_s: float = 0.0
+    sample_timeout_s: float = 0.0
+    tests: str | None = None
+    attempts: int = 0
+
+    # --- never shown to clients
+    owner: str = Field(default="", exclude=True)
+    #: the record's revision: the stores write a task only over the revision it was read at
+    rev: int = Field(default=0, exclude=True)
+
+    def to_public(self) -> dict[str, Any]:
+        return self.model_dump(mode="json")
+
+    def to_storage(self) -> str:
+        """The JSON stored by the stores (includes the owner)."""
+        data = self.model_dump(mode="json")
+        data["owner"] = self.owner
+        data["rev"] = self.rev
+        return json.dumps(data, separators=(",", ":"))
+
+    @classmethod
+    def from_storage(cls, raw: str | bytes) -> Task:
+        return cls.model_validate_json(raw)
