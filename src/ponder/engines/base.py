@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -43,9 +43,23 @@ class SampleRequest:
     #: the task this sample belongs to; rows of one task sharing a prompt may share a prefix
     task_id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    _on_cancel: list[Callable[[], None]] = field(default_factory=list, repr=False)
 
     def cancel(self) -> None:
+        """Mark the row cancelled and run the callbacks registered with :meth:`on_cancel`."""
+        if self.cancelled.is_set():
+            return
         self.cancelled.set()
+        callbacks, self._on_cancel = self._on_cancel, []
+        for callback in callbacks:
+            callback()
+
+    def on_cancel(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` when the row is cancelled (at once if it already is)."""
+        if self.cancelled.is_set():
+            callback()
+        else:
+            self._on_cancel.append(callback)
 
     @property
     def is_cancelled(self) -> bool:
