@@ -5,6 +5,7 @@ Every field has a default and a description; cross-field checks say what to chan
 
 from __future__ import annotations
 
+import itertools
 import os
 import socket
 from enum import StrEnum
@@ -208,7 +209,7 @@ class Settings(BaseSettings):
     @field_validator("batch_bucket_edges")
     @classmethod
     def _check_edges(cls, value: list[int]) -> list[int]:
-        if any(b <= a for a, b in zip(value, value[1:], strict=False)) or any(v < 1 for v in value):
+        if any(b <= a for a, b in itertools.pairwise(value)) or any(v < 1 for v in value):
             raise ValueError("give increasing positive integers, e.g. 64,256,1024")
         return value
 

@@ -48,7 +48,9 @@ BATCH_WAIT = Histogram(
     registry=REGISTRY,
 )
 BATCH_RUN = Histogram(
-    "ponder_batch_run_seconds", "Engine time of one batch", buckets=_LATENCY_BUCKETS,
+    "ponder_batch_run_seconds",
+    "Engine time of one batch",
+    buckets=_LATENCY_BUCKETS,
     registry=REGISTRY,
 )
 BATCH_PADDING = Histogram(
@@ -58,10 +60,14 @@ BATCH_PADDING = Histogram(
     registry=REGISTRY,
 )
 BUFFER_DEPTH = Gauge(
-    "ponder_batcher_buffer_depth", "Requests buffered in the batcher by priority", ["priority"],
+    "ponder_batcher_buffer_depth",
+    "Requests buffered in the batcher by priority",
+    ["priority"],
     registry=REGISTRY,
 )
 WEBHOOK_DELIVERIES = Counter(
-    "ponder_webhook_deliveries_total", "Webhook delivery attempts by outcome", ["outcome"],
+    "ponder_webhook_deliveries_total",
+    "Webhook delivery attempts by outcome",
+    ["outcome"],
     registry=REGISTRY,
 )

@@ -43,7 +43,7 @@ class SampleRequest:
     #: the task this sample belongs to; rows of one task sharing a prompt may share a prefix
     task_id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
-    _on_cancel: list[Callable[[], None]] = field(default_factory=list, repr=False)
+    _on_cancel: list[Callable[[], object]] = field(default_factory=list, repr=False)
 
     def cancel(self) -> None:
         """Mark the row cancelled and run the callbacks registered with :meth:`on_cancel`."""
@@ -54,7 +54,7 @@ class SampleRequest:
         for callback in callbacks:
             callback()
 
-    def on_cancel(self, callback: Callable[[], None]) -> None:
+    def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` when the row is cancelled (at once if it already is)."""
         if self.cancelled.is_set():
             callback()
@@ -88,7 +88,7 @@ BatchResult = list[SampleOutput | EngineError]
 
 
 class BaseEngine(ABC):
-    """A model backend. Subclasses are chosen by name through :func:`ponder.engines.create_engine`."""
+    """A model backend, chosen by name through :func:`ponder.engines.create_engine`."""
 
     #: the registry name, e.g. ``"scripted"``
     name: str = ""

@@ -10,7 +10,7 @@ Directives in the prompt steer it, so black-box tests can script outcomes:
 - ``[[poison]]`` — a batch holding this item fails as a whole (tests batch isolation).
 
 Without ``answers`` the answer is a number derived from the prompt, so it is stable.
-``PONDER_SCRIPTED_BATCH_MS="base,per_item"`` adds ``base + per_item × len(batch)`` ms per
+``PONDER_SCRIPTED_BATCH_MS="base,per_item"`` adds ``base + per_item * len(batch)`` ms per
 call: a latency model of a batched accelerator.
 """
 

@@ -103,7 +103,9 @@ class TaskStore(ABC):
 
     # --- both -------------------------------------------------------------------------
     @abstractmethod
-    async def update_task(self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> bool:
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
         """Write ``task`` if the stored revision is still ``task.rev``; append ``events``.
 
         Returns False (writing nothing) when the record changed since it was read or is

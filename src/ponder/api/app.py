@@ -1,0 +1,57 @@
+"""The FastAPI application: routes, error envelope, limits and the process lifecycle."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+
+from ponder import __version__
+from ponder.api import ops, tasks
+from ponder.api.deps import AppState
+from ponder.api.errors import install_error_handlers
+from ponder.api.limits import BodySizeLimit
+from ponder.config import Settings
+from ponder.ids import IdGenerator
+from ponder.runtime import WorkerRuntime
+from ponder.store import create_store
+
+__all__ = ["create_app"]
+
+log = logging.getLogger("ponder.api")
+
+
+def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
+    """The HTTP API; with ``workers`` > 0 the process also runs that many worker loops
+    over one engine and batcher (the all-in-one ``ponder serve``)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        store = create_store(settings)
+        await store.start()
+        app.state.ponder = AppState(
+            settings=settings, store=store, ids=IdGenerator(settings.node_id)
+        )
+        runtime = WorkerRuntime(settings, store, workers=workers) if workers else None
+        try:
+            if runtime is not None:
+                await runtime.start()
+            yield
+        finally:
+            if runtime is not None:
+                await runtime.stop()
+            await store.close()
+
+    app = FastAPI(
+        title="ponder",
+        version=__version__,
+        summary="Asynchronous LLM inference: submit a task, get an id, collect a better answer.",
+        lifespan=lifespan,
+    )
+    install_error_handlers(app)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.include_router(tasks.router)
+    app.include_router(ops.router)
+    return app

@@ -1,0 +1,101 @@
+"""The error envelope of API.md on every non-2xx answer; no stack trace reaches a client."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from ponder.errors import StoreUnavailable
+
+__all__ = ["ApiError", "error_response", "install_error_handlers"]
+
+log = logging.getLogger("ponder.api")
+
+_CODES = {
+    400: "bad_request",
+    401: "unauthorized",
+    404: "not_found",
+    405: "method_not_allowed",
+    409: "conflict",
+    413: "too_large",
+    422: "invalid",
+    429: "rate_limited",
+    503: "unavailable",
+}
+
+
+class ApiError(Exception):
+    """An answer with the error envelope; ``body_extra`` adds fields (e.g. the task)."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        body_extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+        self.body_extra = body_extra or {}
+
+
+def error_response(
+    status: int,
+    code: str,
+    message: str,
+    headers: Mapping[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    return JSONResponse(
+        {"error": {"code": code, "message": message}, **extra}, status_code=status, headers=headers
+    )
+
+
+def _field_name(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
+    return ".".join(parts) or "body"
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    @app.exception_handler(ApiError)
+    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers, **exc.body_extra)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        errors = exc.errors()
+        if any(e.get("type") == "json_invalid" for e in errors):
+            return error_response(400, "bad_request", "the body is not valid JSON")
+        problems = "; ".join(f"{_field_name(tuple(e['loc']))}: {e['msg']}" for e in errors[:5])
+        return error_response(422, "invalid", problems)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = _CODES.get(exc.status_code, "bad_request" if exc.status_code < 500 else "internal")
+        return error_response(exc.status_code, code, str(exc.detail), exc.headers)
+
+    @app.exception_handler(StoreUnavailable)
+    async def _store_down(_: Request, exc: StoreUnavailable) -> JSONResponse:
+        log.warning("store unavailable: %s", exc)
+        return error_response(
+            503,
+            "unavailable",
+            "the task store cannot be reached; retry later",
+            {"Retry-After": "1"},
+        )
+
+    @app.exception_handler(Exception)
+    async def _unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.exception("unexpected error", exc_info=exc)
+        return error_response(500, "internal", "internal error; the server log has the details")

@@ -1,0 +1,412 @@
+"""The worker: claim tasks fairly across priorities, run their samples, finish them.
+
+A task becomes samples; samples (not tasks) go through the batcher, so one engine call
+mixes samples of many tasks. Only workers move a task forward (pending → running → an
+end); every write is a compare-and-set on the task's revision, so a cancel by the API is
+never overwritten: the worker sees it at the next sample boundary (or the next watch
+tick) and stops using the engine for that task.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from ponder import metrics
+from ponder.config import Settings
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.enhance import extract_answer, fuse_samples
+from ponder.errors import BatcherFull, EngineError, RecoverableError, StoreUnavailable
+from ponder.scheduling import WeightedFairPicker
+from ponder.states import check_transition, is_terminal
+from ponder.store.base import Claim, TaskStore
+from ponder.types import (
+    Sample,
+    SampleStatus,
+    Task,
+    TaskError,
+    TaskStatus,
+    Tokens,
+    utcnow,
+)
+
+__all__ = ["SampleRunner", "Worker"]
+
+log = logging.getLogger("ponder.worker")
+
+_BACKOFF_MAX_S = 2.0
+
+
+class SampleRunner(Protocol):
+    """What the worker needs from the batcher: run one sample request."""
+
+    async def submit(self, request: SampleRequest) -> SampleOutput: ...
+
+
+class TaskAbandoned(Exception):
+    """The task was cancelled, or taken over by another worker, while this one ran it."""
+
+
+def sample_seed(task_id: str, index: int) -> int:
+    """A stable seed per sample: reruns after a crash draw the same samples."""
+    digest = hashlib.sha256(f"{task_id}:{index}".encode()).digest()
+    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
+
+
+def plan_samples(task: Task) -> list[Sample]:
+    """The samples of a task: ``samples_planned`` of them at the task's temperature."""
+    return [
+        Sample(index=i, path="cot", temperature=task.temperature, seed=sample_seed(task.id, i))
+        for i in range(task.samples_planned)
+    ]
+
+
+@dataclass
+class _InFlight:
+    claim: Claim
+    job: asyncio.Task[None]
+    task_id: str
+    watchers: list[asyncio.Task[Any]] = field(default_factory=list)
+
+
+class Worker:
+    """Claims and runs tasks until stopped.
+
+    ``run()`` owns every background task it starts (claim loop, heartbeat, one job per
+    task) and awaits them all before returning. ``stop()`` stops claiming; running tasks
+    get ``shutdown_grace_s`` to finish, then are cancelled and their queue entries
+    released for another worker (their finished samples are kept).
+    """
+
+    def __init__(
+        self,
+        store: TaskStore,
+        runner: SampleRunner,
+        settings: Settings,
+        *,
+        worker_id: str | None = None,
+    ) -> None:
+        self.store = store
+        self.runner = runner
+        self.settings = settings
+        self.worker_id = worker_id or f"{settings.node_id}-w"
+        self._picker = WeightedFairPicker(settings.priority_quotas)
+        self._slots = asyncio.Semaphore(settings.worker_max_tasks)
+        self._in_flight: dict[str, _InFlight] = {}
+        self._stopping = asyncio.Event()
+        self._last_reclaim = 0.0
+
+    # --- lifecycle --------------------------------------------------------------------
+    def stop(self) -> None:
+        """Stop claiming new tasks (running ones finish within the grace period)."""
+        self._stopping.set()
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Run until :meth:`stop` (or, with ``burst``, until no task is left to claim)."""
+        heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat")
+        try:
+            await self._claim_loop(burst=burst)
+        finally:
+            await self._drain()
+            heartbeat.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await heartbeat
+            with contextlib.suppress(RecoverableError):
+                await self.store.unregister_worker(self.worker_id)
+
+    async def _claim_loop(self, *, burst: bool) -> None:
+        backoff_s = 0.05
+        while not self._stopping.is_set():
+            await self._slots.acquire()
+            try:
+                claim = await self._next_claim()
+            except StoreUnavailable as e:
+                self._slots.release()
+                log.warning("store unavailable, retrying in %.2fs: %s", backoff_s, e)
+                await self._sleep_unless_stopping(backoff_s)
+                backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
+                continue
+            except BaseException:
+                self._slots.release()
+                raise
+            backoff_s = 0.05
+            if claim is None:
+                self._slots.release()
+                if burst and not self._in_flight:
+                    return
+                continue
+            self._start_job(claim)
+
+    async def _next_claim(self) -> Claim | None:
+        now = time.monotonic()
+        if now - self._last_reclaim >= self.settings.lease_s / 2:
+            self._last_reclaim = now
+            reclaimed = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=1)
+            if reclaimed:
+                return reclaimed[0]
+        return await self.store.claim(
+            self.worker_id, self._picker.order(), self.settings.claim_block_ms
+        )
+
+    def _start_job(self, claim: Claim) -> None:
+        job = asyncio.create_task(self._run_claim(claim), name=f"task-{claim.task_id}")
+        self._in_flight[claim.receipt] = _InFlight(claim=claim, job=job, task_id=claim.task_id)
+
+        def finished(t: asyncio.Task[None]) -> None:
+            self._in_flight.pop(claim.receipt, None)
+            self._slots.release()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("task %s: unexpected error", claim.task_id, exc_info=t.exception())
+
+        job.add_done_callback(finished)
+
+    async def _drain(self) -> None:
+        jobs = [f.job for f in self._in_flight.values()]
+        if not jobs:
+            return
+        _, still = await asyncio.wait(jobs, timeout=self.settings.shutdown_grace_s)
+        for job in still:
+            job.cancel()
+        await asyncio.gather(*still, return_exceptions=True)
+
+    async def _sleep_unless_stopping(self, delay_s: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), delay_s)
+
+    async def _heartbeat_loop(self) -> None:
+        """Keep this worker visible, renew leases and notice cancels of running tasks."""
+        interval = min(self.settings.heartbeat_interval_s, 1.0)
+        last_renew = 0.0
+        while True:
+            try:
+                now = time.monotonic()
+                if now - last_renew >= self.settings.heartbeat_interval_s:
+                    last_renew = now
+                    await self.store.register_worker(self.worker_id, self.settings.lease_s)
+                    claims = [f.claim for f in self._in_flight.values()]
+                    if claims:
+                        await self.store.renew(self.worker_id, claims)
+                await self._notice_cancels()
+            except RecoverableError as e:
+                log.warning("heartbeat: %s", e)
+            await asyncio.sleep(interval)
+
+    async def _notice_cancels(self) -> None:
+        for flight in list(self._in_flight.values()):
+            task = await self.store.get_task(flight.task_id)
+            if task is not None and task.status == TaskStatus.cancelled:
+                flight.job.cancel()
+
+    # --- one task ---------------------------------------------------------------------
+    async def _run_claim(self, claim: Claim) -> None:
+        finished = False
+        try:
+            finished = await TaskRun(self, claim).run()
+        except asyncio.CancelledError:
+            # Cancelled by a client cancel (the record is terminal: ack) or by shutdown
+            # (release so another worker resumes it).
+            task = await _quiet(self.store.get_task(claim.task_id))
+            finished = task is None or is_terminal(task.status)
+            raise
+        finally:
+            if finished:
+                await _quiet(asyncio.shield(self.store.ack(claim)))
+            else:
+                await _quiet(asyncio.shield(self.store.release(claim)))
+
+
+async def _quiet(aw: Any) -> Any:
+    """Await bookkeeping whose failure must not mask the original outcome."""
+    try:
+        return await aw
+    except RecoverableError as e:
+        log.warning("bookkeeping failed: %s", e)
+        return None
+
+
+class TaskRun:
+    """Runs one claimed task to an end state."""
+
+    def __init__(self, worker: Worker, claim: Claim) -> None:
+        self.worker = worker
+        self.store = worker.store
+        self.settings = worker.settings
+        self.claim = claim
+        self.task: Task
+
+    async def run(self) -> bool:
+        """Run the task; True when it reached a terminal state (the entry may be acked)."""
+        task = await self.store.get_task(self.claim.task_id)
+        if task is None or is_terminal(task.status):
+            return True
+        self.task = task
+        try:
+            if task.attempts >= self.settings.max_deliveries:
+                await self._finish_failed(
+                    "too_many_attempts",
+                    f"the task was started {task.attempts} times without finishing",
+                )
+                return True
+            await self._start()
+            await self._run_samples()
+            await self._finish()
+        except TaskAbandoned:
+            fresh = await self.store.get_task(self.claim.task_id)
+            return fresh is None or is_terminal(fresh.status)
+        except (asyncio.CancelledError, StoreUnavailable):
+            raise
+        except Exception as e:  # an unexpected bug must still end the task
+            log.exception("task %s failed unexpectedly", self.task.id)
+            await asyncio.shield(self._finish_failed("internal", f"worker error: {e}"))
+        return True
+
+    async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
+        if not await self.store.update_task(self.task, events):
+            raise TaskAbandoned(self.task.id)
+
+    async def _start(self) -> None:
+        task = self.task
+        if task.status == TaskStatus.pending:
+            check_transition(task.status, TaskStatus.running)
+            task.status = TaskStatus.running
+            task.started_at = utcnow()
+        if not task.samples:
+            task.samples = plan_samples(task)
+        for sample in task.samples:  # a reclaimed task reruns only unfinished samples
+            if sample.status != SampleStatus.done:
+                sample.status = SampleStatus.queued
+        task.attempts += 1
+        await self._save([("status", {"status": task.status.value})])
+
+    def _deadline(self) -> float:
+        started = self.task.started_at or utcnow()
+        elapsed = (utcnow() - started).total_seconds()
+        return time.monotonic() + max(0.0, self.task.timeout_s - elapsed)
+
+    async def _run_samples(self) -> None:
+        deadline = self._deadline()
+        jobs: dict[asyncio.Task[None], Sample] = {}
+        for sample in self.task.samples:
+            if sample.status == SampleStatus.queued:
+                jobs[asyncio.create_task(self._run_sample(sample))] = sample
+        try:
+            pending = set(jobs)
+            while pending:
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    break
+                done, pending = await asyncio.wait(
+                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+                )
+                for job in done:
+                    job.result()
+                if done:
+                    self._count()
+                    await self._save([("sample", jobs[j].model_dump(mode="json")) for j in done])
+        finally:
+            for job in jobs:
+                job.cancel()
+            await asyncio.gather(*jobs, return_exceptions=True)
+        for sample in self.task.samples:  # the task deadline passed before these ended
+            if sample.status in (SampleStatus.queued, SampleStatus.running):
+                sample.status = SampleStatus.timeout
+                sample.error = TaskError(code="timeout", message="the task deadline passed")
+
+    async def _run_sample(self, sample: Sample) -> None:
+        task = self.task
+        request = SampleRequest(
+            prompt=task.prompt,
+            messages=task.messages,
+            temperature=sample.temperature,
+            max_new_tokens=task.max_new_tokens,
+            seed=sample.seed,
+            sample_index=sample.index,
+            priority=task.priority,
+            task_id=task.id,
+        )
+        sample.status = SampleStatus.running
+        started = time.monotonic()
+        try:
+            output = await asyncio.wait_for(self._submit(request), task.sample_timeout_s)
+        except TimeoutError:
+            request.cancel()
+            sample.status = SampleStatus.timeout
+            sample.error = TaskError(
+                code="timeout", message=f"the sample took over {task.sample_timeout_s:g}s"
+            )
+        except EngineError as e:
+            sample.status = SampleStatus.error
+            sample.error = TaskError(code="engine_error", message=str(e))
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
+        else:
+            sample.status = SampleStatus.done
+            sample.text = output.text
+            sample.answer = extract_answer(output.text)
+            sample.tokens = Tokens(prompt=output.prompt_tokens, completion=output.completion_tokens)
+            sample.finish_reason = output.finish_reason
+            sample.mean_logprob = output.mean_logprob
+            metrics.TOKENS_GENERATED.inc(output.completion_tokens)
+        latency = time.monotonic() - started
+        sample.latency_ms = round(latency * 1000)
+        metrics.SAMPLE_LATENCY.observe(latency)
+
+    async def _submit(self, request: SampleRequest) -> SampleOutput:
+        """Submit to the batcher, backing off while its buffer is full."""
+        delay_s = 0.01
+        while True:
+            try:
+                return await self.worker.runner.submit(request)
+            except BatcherFull:
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
+
+    def _count(self) -> None:
+        task = self.task
+        task.samples_done = sum(s.status == SampleStatus.done for s in task.samples)
+        task.usage.prompt_tokens = sum(s.tokens.prompt for s in task.samples)
+        task.usage.completion_tokens = sum(s.tokens.completion for s in task.samples)
+
+    async def _finish(self) -> None:
+        task = self.task
+        self._count()
+        result = fuse_samples(task.samples)
+        if result is None:
+            timed_out = all(s.status == SampleStatus.timeout for s in task.samples)
+            errors = [s.error.message for s in task.samples if s.error is not None]
+            if timed_out:
+                await self._finish_failed("timeout", "no sample finished before its deadline")
+            else:
+                await self._finish_failed(
+                    "engine_error", errors[0] if errors else "no sample finished"
+                )
+            return
+        complete = task.samples_done == len(task.samples)
+        task.result = result
+        await self._end(TaskStatus.done if complete else TaskStatus.partial_done)
+
+    async def _finish_failed(self, code: str, message: str) -> None:
+        self.task.error = TaskError(code=code, message=message)
+        await self._end(TaskStatus.failed)
+
+    async def _end(self, status: TaskStatus) -> None:
+        task = self.task
+        if task.status == TaskStatus.pending:  # e.g. too many attempts before a start
+            check_transition(task.status, TaskStatus.running)
+            task.status = TaskStatus.running
+        check_transition(task.status, status)
+        task.status = status
+        task.finished_at = utcnow()
+        await self._save([("result", task.to_public())])
+        metrics.TASKS_FINISHED.labels(status=status.value).inc()
