@@ -213,10 +213,21 @@ class Settings(BaseSettings):
             raise ValueError("give increasing positive integers, e.g. 64,256,1024")
         return value
 
-    @field_validator("modes", mode="after")
+    @field_validator("modes", mode="before")
     @classmethod
-    def _complete_modes(cls, value: dict[Mode, ModeConfig]) -> dict[Mode, ModeConfig]:
-        return {**default_modes(), **value}
+    def _complete_modes(cls, value: Any) -> Any:
+        """Partial overrides (``PONDER_MODES__DEEP__SAMPLES=7``) keep the other defaults."""
+        if not isinstance(value, dict):
+            return value
+        merged: dict[str, Any] = {m.value: c.model_dump() for m, c in default_modes().items()}
+        for name, override in value.items():
+            key = name.value if isinstance(name, Mode) else str(name).lower()
+            if isinstance(override, ModeConfig):
+                override = override.model_dump()
+            merged[key] = (
+                {**merged.get(key, {}), **override} if isinstance(override, dict) else override
+            )
+        return merged
 
     @property
     def heartbeat_interval_s(self) -> float:
