@@ -15,7 +15,6 @@ from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
 from ponder.config import Settings
 from ponder.ids import IdGenerator
-from ponder.runtime import WorkerRuntime
 from ponder.store import create_store
 
 __all__ = ["create_app"]
@@ -34,7 +33,11 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         app.state.ponder = AppState(
             settings=settings, store=store, ids=IdGenerator(settings.node_id)
         )
-        runtime = WorkerRuntime(settings, store, workers=workers) if workers else None
+        runtime = None
+        if workers:
+            from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
+
+            runtime = WorkerRuntime(settings, store, workers=workers)
         try:
             if runtime is not None:
                 await runtime.start()
