@@ -1,0 +1,491 @@
+"""The Redis store: shared by any number of API and worker processes.
+
+Keys (all under ``settings.key_prefix``, written as ``{p}``):
+
+- ``{p}:task:{id}``: hash ``data`` (:meth:`Task.to_storage`), ``status``, ``rev``,
+  ``owner``, ``priority``; expires ``task_ttl_s`` after the task reaches a terminal state.
+- ``{p}:ev:{id}``: the task's event stream (fields ``event``, ``data``); expires with it.
+- ``{p}:q:{0..5}``: one stream per priority level (field ``task``), read by the consumer
+  group ``workers``. An entry's id is the claim's receipt; ack deletes the entry, so a
+  stream holds only queued and in-flight tasks.
+- ``{p}:pending``: hash of pending counts: ``total`` and one field per level.
+- ``{p}:tasks:{owner}``: sorted set of ``"{sort_key} {id}"``, all with score 0, so a
+  lexicographic range walks an owner's tasks in creation order. Entries of expired
+  tasks are dropped when a listing meets them.
+- ``{p}:idem:{owner}:{key}``: hash ``hash`` + ``id`` of an idempotency key, ``task_ttl_s``.
+- ``{p}:workers``: sorted set of worker ids scored by their expiry (Redis server time).
+
+Every multi-key change is one Lua script, so it is atomic and needs one round trip.
+Scripts read a task record named by id from the idempotency key without declaring it, and
+the keys share no hash tag: this store targets a single Redis (or a primary + replicas),
+not Redis Cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ponder.config import NUM_PRIORITIES, Settings
+from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
+from ponder.ids import parse_task_id, sort_key
+from ponder.states import is_terminal
+from ponder.store.base import Claim, Event, TaskStore
+from ponder.types import Task, TaskStatus
+
+__all__ = ["RedisStore"]
+
+GROUP = "workers"
+_STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError, TimeoutError)
+
+# KEYS: task, queue, pending, index, events[, idem]
+# ARGV: id, data, status, rev, owner, priority, max_pending, member, event, hash, ttl,
+#       task key prefix
+_CREATE = """
+local idem = KEYS[6]
+if idem then
+  local prev = redis.call('HMGET', idem, 'hash', 'id')
+  -- an idempotency key whose task has expired is free again
+  local data = prev[2] and redis.call('HGET', ARGV[12] .. prev[2], 'data')
+  if data then
+    if prev[1] ~= ARGV[10] then return {'conflict'} end
+    return {'existing', data}
+  end
+end
+if tonumber(redis.call('HGET', KEYS[3], 'total') or '0') >= tonumber(ARGV[7]) then
+  return {'full'}
+end
+redis.call('HSET', KEYS[1], 'data', ARGV[2], 'status', ARGV[3], 'rev', ARGV[4],
+           'owner', ARGV[5], 'priority', ARGV[6])
+redis.call('XADD', KEYS[2], '*', 'task', ARGV[1])
+redis.call('HINCRBY', KEYS[3], 'total', 1)
+redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
+redis.call('ZADD', KEYS[4], 0, ARGV[8])
+redis.call('XADD', KEYS[5], '*', 'event', 'status', 'data', ARGV[9])
+if idem then
+  redis.call('HSET', idem, 'hash', ARGV[10], 'id', ARGV[1])
+  redis.call('EXPIRE', idem, ARGV[11])
+end
+return {'created'}
+"""
+
+# KEYS: task, pending, events; ARGV: expected rev, new rev, data, status, terminal, ttl,
+# then event name/data pairs
+_UPDATE = """
+local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority')
+if cur[1] ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'status', ARGV[4], 'rev', ARGV[2])
+if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
+  redis.call('HINCRBY', KEYS[2], 'total', -1)
+  redis.call('HINCRBY', KEYS[2], cur[3], -1)
+end
+for i = 7, #ARGV, 2 do
+  redis.call('XADD', KEYS[3], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
+end
+if ARGV[5] == '1' then
+  redis.call('EXPIRE', KEYS[1], ARGV[6])
+  redis.call('EXPIRE', KEYS[3], ARGV[6])
+end
+return 1
+"""
+
+# KEYS: queues in the order to try; ARGV: group, consumer. Returns {key index, id, task}.
+_CLAIM = """
+for i, key in ipairs(KEYS) do
+  local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1,
+                       'STREAMS', key, '>')
+  if r then
+    local entry = r[1][2][1]
+    return {i, entry[1], entry[2][2]}
+  end
+end
+return false
+"""
+
+# KEYS: queues 0..5; ARGV: group, consumer, min idle ms, limit. Returns {level, id, task}s.
+_RECLAIM = """
+local out, left = {}, tonumber(ARGV[4])
+for i, key in ipairs(KEYS) do
+  local start = '0-0'
+  repeat
+    local r = redis.call('XAUTOCLAIM', key, ARGV[1], ARGV[2], ARGV[3], start, 'COUNT', left)
+    start = r[1]
+    for _, entry in ipairs(r[2]) do
+      if entry[2] then
+        table.insert(out, {i - 1, entry[1], entry[2][2]})
+        left = left - 1
+      end
+    end
+  until left <= 0 or start == '0-0'
+  if left <= 0 then break end
+end
+return out
+"""
+
+# KEYS: the queue of each claim; ARGV: group, consumer, then the entry ids. An entry that
+# another consumer has reclaimed meanwhile stays with it.
+_RENEW = """
+for i, key in ipairs(KEYS) do
+  local id = ARGV[i + 2]
+  if redis.call('XPENDING', key, ARGV[1], id, id, 1, ARGV[2])[1] then
+    redis.call('XCLAIM', key, ARGV[1], ARGV[2], 0, id, 'JUSTID')
+  end
+end
+return 0
+"""
+
+# KEYS: queue; ARGV: group, entry id, task id. Requeued only if still unacked, so a
+# release after an ack (or a second release) adds nothing.
+_RELEASE = """
+if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
+  redis.call('XDEL', KEYS[1], ARGV[2])
+  redis.call('XADD', KEYS[1], '*', 'task', ARGV[3])
+end
+return 0
+"""
+
+# Worker expiry uses the server's clock, so workers on machines with skewed clocks agree.
+_REGISTER = """
+local t = redis.call('TIME')
+redis.call('ZADD', KEYS[1], t[1] + t[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
+return 0
+"""
+
+_LIVE = """
+local t = redis.call('TIME')
+redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] + t[2] / 1e6)
+return redis.call('ZCARD', KEYS[1])
+"""
+
+
+@contextmanager
+def _unavailable() -> Iterator[None]:
+    """Turn connection failures and timeouts into :class:`StoreUnavailable`."""
+    try:
+        yield
+    except _UNAVAILABLE as e:
+        raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+
+
+def _check_priorities(priorities: Sequence[int]) -> None:
+    if not priorities or any(not 0 <= p < NUM_PRIORITIES for p in priorities):
+        raise ValueError(f"priorities must be levels 0..{NUM_PRIORITIES - 1}, at least one")
+
+
+def _index_member(task_id: str) -> str:
+    """The owner index's member of a task: sorts like creation order, holds the id."""
+    return f"{sort_key(task_id)} {task_id}"
+
+
+def _task_id(member: str) -> str:
+    return member.split(" ", 1)[1]
+
+
+class RedisStore(TaskStore):
+    """:class:`TaskStore` on Redis (see the module docstring for the key layout)."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.redis_url:
+            raise ValueError("RedisStore needs settings.redis_url")
+        self._prefix = settings.key_prefix
+        self._ttl = settings.task_ttl_s
+        self._timeout = settings.store_timeout_s
+        # One quick retry on a connection error covers a pooled connection that a Redis
+        # restart closed; the default policy (10 retries with backoff) would stretch a
+        # call far past store_timeout_s.
+        common: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_connect_timeout": self._timeout,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)),
+        }
+        self._r = Redis.from_url(settings.redis_url, socket_timeout=self._timeout, **common)
+        # Blocking reads (claim, read_events) wait longer than the socket timeout allows;
+        # they use their own pool without one, bounded by asyncio.timeout instead.
+        self._rb = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
+        self._create = self._r.register_script(_CREATE)
+        self._update = self._r.register_script(_UPDATE)
+        self._claim = self._r.register_script(_CLAIM)
+        self._reclaim = self._r.register_script(_RECLAIM)
+        self._renew = self._r.register_script(_RENEW)
+        self._release = self._r.register_script(_RELEASE)
+        self._register = self._r.register_script(_REGISTER)
+        self._live = self._r.register_script(_LIVE)
+
+    # --- keys -------------------------------------------------------------------------
+    def _task_key(self, task_id: str) -> str:
+        return f"{self._prefix}:task:{task_id}"
+
+    def _events_key(self, task_id: str) -> str:
+        return f"{self._prefix}:ev:{task_id}"
+
+    def _queue_key(self, priority: int) -> str:
+        return f"{self._prefix}:q:{priority}"
+
+    def _index_key(self, owner: str) -> str:
+        return f"{self._prefix}:tasks:{owner}"
+
+    @property
+    def _pending_key(self) -> str:
+        return f"{self._prefix}:pending"
+
+    @property
+    def _workers_key(self) -> str:
+        return f"{self._prefix}:workers"
+
+    # --- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        with _unavailable():
+            for p in range(NUM_PRIORITIES):
+                try:
+                    # id 0: entries added before the group existed are delivered too
+                    await self._r.xgroup_create(self._queue_key(p), GROUP, id="0", mkstream=True)
+                except rexc.ResponseError as e:
+                    if "BUSYGROUP" not in str(e):
+                        raise
+
+    async def close(self) -> None:
+        await self._r.aclose()
+        await self._rb.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            with _unavailable():
+                return bool(await self._r.ping())
+        except StoreUnavailable:
+            return False
+
+    # --- api side ---------------------------------------------------------------------
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+    ) -> tuple[Task, bool]:
+        if task.status is not TaskStatus.pending:
+            raise ValueError("a new task must be pending")
+        _check_priorities([task.priority])
+        keys = [
+            self._task_key(task.id),
+            self._queue_key(task.priority),
+            self._pending_key,
+            self._index_key(task.owner),
+            self._events_key(task.id),
+        ]
+        if idempotency_key is not None:
+            keys.append(f"{self._prefix}:idem:{task.owner}:{idempotency_key}")
+        args: list[str | int] = [
+            task.id,
+            task.to_storage(),
+            task.status.value,
+            task.rev,
+            task.owner,
+            task.priority,
+            max_pending,
+            _index_member(task.id),
+            json.dumps({"status": task.status.value}),
+            body_hash or "",
+            self._ttl,
+            self._task_key(""),
+        ]
+        with _unavailable():
+            outcome = await self._create(keys=keys, args=args)
+        if outcome[0] == "full":
+            raise QueueFull(max_pending)
+        if outcome[0] == "conflict":
+            raise IdempotencyConflict("the Idempotency-Key was used with another request body")
+        if outcome[0] == "existing":
+            return Task.from_storage(outcome[1]), False
+        return task, True
+
+    async def get_task(self, task_id: str) -> Task | None:
+        with _unavailable():
+            data = await self._r.hget(self._task_key(task_id), "data")
+        return None if data is None else Task.from_storage(data)
+
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """Newest first; the cursor is the id of the page's last task.
+
+        Raises ValueError for a cursor this store did not hand out.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        index = self._index_key(owner)
+        if cursor is not None and parse_task_id(cursor) is None:
+            raise ValueError(f"invalid cursor {cursor!r}")
+        top = "+" if cursor is None else f"({_index_member(cursor)}"
+        # limit + 1 matches tell whether another page follows; a status filter reads
+        # statuses in larger batches since many entries may not match
+        batch = limit + 1 if status is None else max(limit + 1, 100)
+        found: list[Task] = []
+        with _unavailable():
+            while len(found) <= limit:
+                members: list[Any] = await self._r.zrevrangebylex(index, top, "-", 0, batch)
+                if not members:
+                    break
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for member in members:
+                        pipe.hget(self._task_key(_task_id(member)), "status")
+                    statuses: list[str | None] = await pipe.execute()
+                matches = [
+                    m for m, s in zip(members, statuses, strict=True)
+                    if s is not None and (status is None or s == status.value)
+                ]  # fmt: skip
+                taken = matches[: limit + 1 - len(found)]
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for member in taken:
+                        pipe.hget(self._task_key(_task_id(member)), "data")
+                    found += [Task.from_storage(d) for d in await pipe.execute() if d]
+                gone = [m for m, s in zip(members, statuses, strict=True) if s is None]
+                if gone:
+                    await self._r.zrem(index, *gone)
+                if len(members) < batch and len(taken) == len(matches):
+                    break
+                # resume after the last entry looked at (a task may have expired between
+                # the two reads, leaving this page short)
+                top = f"({taken[-1] if len(taken) < len(matches) else members[-1]}"
+        if len(found) > limit:
+            return found[:limit], found[limit - 1].id
+        return found, None
+
+    async def pending_count(self) -> int:
+        with _unavailable():
+            total = await self._r.hget(self._pending_key, "total")
+        return int(total or 0)
+
+    async def queue_depths(self) -> dict[int, int]:
+        levels = list(range(NUM_PRIORITIES))
+        with _unavailable():
+            counts = await self._r.hmget(self._pending_key, [str(p) for p in levels])
+        return {p: int(n or 0) for p, n in zip(levels, counts, strict=True)}
+
+    # --- both -------------------------------------------------------------------------
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        new_rev = task.rev + 1
+        args: list[str | int] = [
+            task.rev,
+            new_rev,
+            task.model_copy(update={"rev": new_rev}).to_storage(),
+            task.status.value,
+            "1" if is_terminal(task.status) else "0",
+            self._ttl,
+        ]
+        for name, data in events:
+            args += [name, json.dumps(data)]
+        keys = [self._task_key(task.id), self._pending_key, self._events_key(task.id)]
+        with _unavailable():
+            written = await self._update(keys=keys, args=args)
+        if written:
+            task.rev = new_rev
+        return bool(written)
+
+    # --- worker side ------------------------------------------------------------------
+    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+        """Tries the levels in order, then one XREADGROUP BLOCK over them all.
+
+        That blocking read can return entries of several levels at once (when they arrive
+        between the two calls); the first in ``priorities`` order is kept and the others
+        are released, which puts them at the end of their queues.
+        """
+        _check_priorities(priorities)
+        keys = [self._queue_key(p) for p in priorities]
+        with _unavailable():
+            hit = await self._claim(keys=keys, args=[GROUP, consumer])
+        if hit:
+            return Claim(hit[2], priorities[hit[0] - 1], hit[1])
+        if block_ms <= 0:  # BLOCK 0 would wait forever
+            return None
+        with _unavailable():
+            async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                reply: Any = await self._rb.xreadgroup(
+                    GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                )
+        got = {
+            keys.index(key): Claim(fields["task"], priorities[keys.index(key)], entry_id)
+            for key, entries in reply
+            for entry_id, fields in entries
+        }
+        if not got:
+            return None
+        first, *rest = (got[i] for i in sorted(got))
+        for extra in rest:
+            await self.release(extra)
+        return first
+
+    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        if limit < 1:
+            return []
+        keys = [self._queue_key(p) for p in range(NUM_PRIORITIES)]
+        args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
+        with _unavailable():
+            taken = await self._reclaim(keys=keys, args=args)
+        return [Claim(task_id, int(p), entry_id) for p, entry_id, task_id in taken]
+
+    async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
+        """Resets the idle time of the claims ``consumer`` still holds; others are skipped."""
+        if not claims:
+            return
+        keys = [self._queue_key(c.priority) for c in claims]
+        with _unavailable():
+            await self._renew(keys=keys, args=[GROUP, consumer, *(c.receipt for c in claims)])
+
+    async def ack(self, claim: Claim) -> None:
+        key = self._queue_key(claim.priority)
+        with _unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.xack(key, GROUP, claim.receipt)
+                pipe.xdel(key, claim.receipt)
+                await pipe.execute()
+
+    async def release(self, claim: Claim) -> None:
+        keys = [self._queue_key(claim.priority)]
+        with _unavailable():
+            await self._release(keys=keys, args=[GROUP, claim.receipt, claim.task_id])
+
+    # --- events -----------------------------------------------------------------------
+    async def read_events(
+        self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
+    ) -> list[Event]:
+        """Event ids are stream ids; an ``after`` that is not one reads from the start."""
+        key = self._events_key(task_id)
+        if after is not None and not _STREAM_ID.match(after):
+            after = None
+        with _unavailable():
+            entries: Any = await self._r.xrange(
+                key, "-" if after is None else f"({after}", "+", limit
+            )
+            if not entries and block_ms > 0:
+                async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                    reply: Any = await self._rb.xread(
+                        {key: after or "0-0"}, count=limit, block=block_ms
+                    )
+                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+        return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
+
+    # --- liveness ---------------------------------------------------------------------
+    async def register_worker(self, worker_id: str, ttl_s: float) -> None:
+        with _unavailable():
+            await self._register(keys=[self._workers_key], args=[worker_id, ttl_s])
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        with _unavailable():
+            await self._r.zrem(self._workers_key, worker_id)
+
+    async def live_workers(self) -> int:
+        with _unavailable():
+            return int(await self._live(keys=[self._workers_key]))

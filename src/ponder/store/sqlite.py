@@ -1,0 +1,437 @@
+"""The embedded SQLite store: one process (``ponder serve``), no server to run.
+
+One connection, WAL journal. Every operation runs under one asyncio.Lock, and each that
+writes more than one row runs in one ``BEGIN IMMEDIATE`` transaction, so it is atomic
+and later readers on the same connection never see half of it.
+
+Waiting is in-process: :meth:`claim` waits on a signal fired by :meth:`create_task` and
+:meth:`release`, :meth:`read_events` on one fired by :meth:`update_task` for that task.
+Hence the single-process rule: another process writing the same file would not wake
+these waiters (it would still be correct, only slower, up to ``block_ms``).
+
+The pending figures are counted from the tasks table (indexed), so they cannot drift.
+Expired tasks are invisible at once and deleted (with their events and queue entries)
+on :meth:`start` and at most once a minute while tasks are created.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sqlite3
+import time
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
+from pathlib import Path
+from typing import Any
+
+import aiosqlite
+
+from ponder.config import NUM_PRIORITIES, Settings
+from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
+from ponder.ids import parse_task_id, sort_key
+from ponder.states import is_terminal
+from ponder.store.base import Claim, Event, TaskStore
+from ponder.types import Task, TaskStatus
+
+__all__ = ["SqliteStore"]
+
+PURGE_INTERVAL_S = 60.0
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    id TEXT PRIMARY KEY,
+    owner TEXT NOT NULL,
+    status TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    sort_key TEXT NOT NULL,
+    rev INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    expires_at REAL
+);
+CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, sort_key);
+CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, priority);
+CREATE INDEX IF NOT EXISTS tasks_by_expiry ON tasks (expires_at) WHERE expires_at IS NOT NULL;
+CREATE TABLE IF NOT EXISTS queue (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    priority INTEGER NOT NULL,
+    consumer TEXT,
+    claimed_at REAL
+);
+CREATE INDEX IF NOT EXISTS queue_ready ON queue (priority, id) WHERE consumer IS NULL;
+CREATE INDEX IF NOT EXISTS queue_claimed ON queue (claimed_at) WHERE consumer IS NOT NULL;
+CREATE TABLE IF NOT EXISTS events (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    task_id TEXT NOT NULL,
+    event TEXT NOT NULL,
+    data TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS events_by_task ON events (task_id, id);
+CREATE TABLE IF NOT EXISTS idempotency (
+    owner TEXT NOT NULL,
+    key TEXT NOT NULL,
+    body_hash TEXT NOT NULL,
+    task_id TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (owner, key)
+);
+CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+"""
+
+_LIVE = "(expires_at IS NULL OR expires_at > ?)"
+_EXPIRED = "SELECT id FROM tasks WHERE expires_at <= ?"
+
+
+@contextmanager
+def _unavailable() -> Iterator[None]:
+    """Turn failures to use the database file (locked, unreadable) into StoreUnavailable."""
+    try:
+        yield
+    except sqlite3.OperationalError as e:
+        raise StoreUnavailable(f"the SQLite store is unavailable: {e}") from e
+
+
+def _check_priorities(priorities: Sequence[int]) -> None:
+    if not priorities or any(not 0 <= p < NUM_PRIORITIES for p in priorities):
+        raise ValueError(f"priorities must be levels 0..{NUM_PRIORITIES - 1}, at least one")
+
+
+class _Signal:
+    """Wakes every waiter; taking :meth:`waiter` before checking means no wakeup is lost."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+        self.users = 0  # readers of a task's events; the last one drops the signal
+
+    def waiter(self) -> asyncio.Event:
+        return self._event
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+
+async def _first(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
+    """The first row of a query, or None."""
+    return next(iter(await db.execute_fetchall(sql, params)), None)
+
+
+async def _wait(event: asyncio.Event, deadline: float) -> bool:
+    """Wait for ``event`` until the loop-clock ``deadline``; False on timeout."""
+    try:
+        async with asyncio.timeout_at(deadline):
+            await event.wait()
+    except TimeoutError:
+        return False
+    return True
+
+
+class SqliteStore(TaskStore):
+    """:class:`TaskStore` in one SQLite file (see the module docstring)."""
+
+    def __init__(self, settings: Settings) -> None:
+        self._path = Path(settings.sqlite_path).expanduser()
+        self._ttl = settings.task_ttl_s
+        self._timeout = settings.store_timeout_s
+        self._db: aiosqlite.Connection | None = None
+        self._lock = asyncio.Lock()
+        self._queued = _Signal()
+        self._events: dict[str, _Signal] = {}
+        self._purged_at = 0.0
+
+    # --- plumbing ---------------------------------------------------------------------
+    @asynccontextmanager
+    async def _conn(self) -> AsyncIterator[aiosqlite.Connection]:
+        """The connection, held alone: for single statements."""
+        async with self._lock:
+            if self._db is None:
+                raise RuntimeError("the store is not started")
+            with _unavailable():
+                yield self._db
+
+    @asynccontextmanager
+    async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:
+        """One write transaction: committed at the end of the block, rolled back on error."""
+        async with self._conn() as db:
+            await db.execute("BEGIN IMMEDIATE")
+            try:
+                yield db
+            except BaseException:
+                if db.in_transaction:  # some errors (e.g. disk full) roll back by themselves
+                    await db.execute("ROLLBACK")
+                raise
+            await db.execute("COMMIT")
+
+    async def _purge(self, db: aiosqlite.Connection, now: float) -> None:
+        for table in ("events", "queue"):
+            await db.execute(f"DELETE FROM {table} WHERE task_id IN ({_EXPIRED})", (now,))
+        for table in ("tasks", "idempotency", "workers"):
+            await db.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (now,))
+        self._purged_at = now
+
+    # --- lifecycle --------------------------------------------------------------------
+    async def start(self) -> None:
+        """Open the file, create the schema, purge expired rows and release every claim.
+
+        Claims are released because this process is the store's only user: whatever a
+        previous run had claimed was abandoned when it stopped.
+        """
+        if self._db is not None:
+            return
+        await asyncio.to_thread(self._path.parent.mkdir, parents=True, exist_ok=True)
+        with _unavailable():
+            db = await aiosqlite.connect(self._path, timeout=self._timeout, isolation_level=None)
+            try:
+                await db.execute("PRAGMA journal_mode=WAL")
+                await db.execute("PRAGMA synchronous=NORMAL")
+                await db.executescript(_SCHEMA)
+            except BaseException:
+                await db.close()
+                raise
+        self._db = db
+        async with self._tx() as db:
+            await self._purge(db, time.time())
+            await db.execute("UPDATE queue SET consumer = NULL, claimed_at = NULL")
+
+    async def close(self) -> None:
+        async with self._lock:
+            db, self._db = self._db, None
+            if db is not None:
+                await db.close()
+
+    async def ping(self) -> bool:
+        try:
+            async with self._conn() as db:
+                await db.execute("SELECT 1")
+        except (StoreUnavailable, RuntimeError):
+            return False
+        return True
+
+    # --- api side ---------------------------------------------------------------------
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+    ) -> tuple[Task, bool]:
+        if task.status is not TaskStatus.pending:
+            raise ValueError("a new task must be pending")
+        _check_priorities([task.priority])
+        now = time.time()
+        async with self._tx() as db:
+            if idempotency_key is not None:
+                # a key whose task has expired is free again
+                row = await _first(
+                    db,
+                    "SELECT i.body_hash, t.data FROM idempotency i JOIN tasks t ON t.id = i.task_id"
+                    " WHERE i.owner = ? AND i.key = ? AND i.expires_at > ?"
+                    " AND (t.expires_at IS NULL OR t.expires_at > ?)",
+                    (task.owner, idempotency_key, now, now),
+                )
+                if row is not None:
+                    if row[0] != (body_hash or ""):
+                        raise IdempotencyConflict(
+                            "the Idempotency-Key was used with another request body"
+                        )
+                    return Task.from_storage(row[1]), False
+            row = await _first(db, "SELECT COUNT(*) FROM tasks WHERE status = 'pending'")
+            if row[0] >= max_pending:
+                raise QueueFull(max_pending)
+            await db.execute(
+                "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (task.id, task.owner, task.status.value, task.priority, sort_key(task.id),
+                 task.rev, task.to_storage()),
+            )  # fmt: skip
+            await db.execute(
+                "INSERT INTO queue (task_id, priority) VALUES (?, ?)", (task.id, task.priority)
+            )
+            await db.execute(
+                "INSERT INTO events (task_id, event, data) VALUES (?, 'status', ?)",
+                (task.id, json.dumps({"status": task.status.value})),
+            )
+            if idempotency_key is not None:
+                await db.execute(
+                    "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, ?, ?)",
+                    (task.owner, idempotency_key, body_hash or "", task.id, now + self._ttl),
+                )
+            if now - self._purged_at > PURGE_INTERVAL_S:
+                await self._purge(db, now)
+        self._queued.fire()
+        return task, True
+
+    async def get_task(self, task_id: str) -> Task | None:
+        async with self._conn() as db:
+            row = await _first(
+                db, f"SELECT data FROM tasks WHERE id = ? AND {_LIVE}", (task_id, time.time())
+            )
+        return None if row is None else Task.from_storage(row[0])
+
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """Newest first; the cursor is the id of the page's last task.
+
+        Raises ValueError for a cursor this store did not hand out.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        sql = f"SELECT data FROM tasks WHERE owner = ? AND {_LIVE}"
+        params: list[Any] = [owner, time.time()]
+        if status is not None:
+            sql += " AND status = ?"
+            params.append(status.value)
+        if cursor is not None:
+            if parse_task_id(cursor) is None:
+                raise ValueError(f"invalid cursor {cursor!r}")
+            sql += " AND sort_key < ?"
+            params.append(sort_key(cursor))
+        sql += " ORDER BY sort_key DESC LIMIT ?"
+        params.append(limit + 1)  # one more tells whether another page follows
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(sql, params)
+        tasks = [Task.from_storage(r[0]) for r in rows]
+        if len(tasks) > limit:
+            return tasks[:limit], tasks[limit - 1].id
+        return tasks, None
+
+    async def pending_count(self) -> int:
+        return sum((await self.queue_depths()).values())
+
+    async def queue_depths(self) -> dict[int, int]:
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "SELECT priority, COUNT(*) FROM tasks WHERE status = 'pending' GROUP BY priority"
+            )
+        return {p: 0 for p in range(NUM_PRIORITIES)} | {int(p): int(n) for p, n in rows}
+
+    # --- both -------------------------------------------------------------------------
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        now = time.time()
+        new_rev = task.rev + 1
+        async with self._tx() as db:
+            cur = await db.execute(
+                "UPDATE tasks SET status = ?, rev = ?, data = ?, expires_at = ?"
+                f" WHERE id = ? AND rev = ? AND {_LIVE}",
+                (
+                    task.status.value,
+                    new_rev,
+                    task.model_copy(update={"rev": new_rev}).to_storage(),
+                    now + self._ttl if is_terminal(task.status) else None,
+                    task.id,
+                    task.rev,
+                    now,
+                ),
+            )
+            if cur.rowcount != 1:
+                return False
+            await db.executemany(
+                "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
+                [(task.id, name, json.dumps(data)) for name, data in events],
+            )
+        task.rev = new_rev
+        if events and (signal := self._events.get(task.id)) is not None:
+            signal.fire()
+        return True
+
+    # --- worker side ------------------------------------------------------------------
+    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+        _check_priorities(priorities)
+        deadline = asyncio.get_running_loop().time() + block_ms / 1000
+        while True:
+            woken = self._queued.waiter()
+            async with self._conn() as db:
+                for p in priorities:
+                    rows = await db.execute_fetchall(
+                        "UPDATE queue SET consumer = ?, claimed_at = ? WHERE id ="
+                        " (SELECT id FROM queue WHERE consumer IS NULL AND priority = ?"
+                        "  ORDER BY id LIMIT 1)"
+                        " RETURNING id, task_id",
+                        (consumer, time.time(), p),
+                    )
+                    for receipt, task_id in rows:
+                        return Claim(task_id, p, str(receipt))
+            if block_ms <= 0 or not await _wait(woken, deadline):
+                return None
+
+    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        now = time.time()
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "UPDATE queue SET consumer = ?, claimed_at = ? WHERE id IN"
+                " (SELECT id FROM queue WHERE consumer IS NOT NULL AND claimed_at <= ?"
+                "  ORDER BY priority, id LIMIT ?)"
+                " RETURNING id, task_id, priority",
+                (consumer, now, now - min_idle_s, limit),
+            )
+        return [Claim(t, int(p), str(i)) for i, t, p in sorted(rows, key=lambda r: (r[2], r[0]))]
+
+    async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
+        """Renews the leases ``consumer`` still holds; claims taken over by another are skipped."""
+        now = time.time()
+        async with self._conn() as db:
+            await db.executemany(
+                "UPDATE queue SET claimed_at = ? WHERE id = ? AND consumer = ?",
+                [(now, int(c.receipt), consumer) for c in claims],
+            )
+
+    async def ack(self, claim: Claim) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM queue WHERE id = ?", (int(claim.receipt),))
+
+    async def release(self, claim: Claim) -> None:
+        """The entry keeps its place in the queue (ahead of later ones of its level)."""
+        async with self._conn() as db:
+            await db.execute(
+                "UPDATE queue SET consumer = NULL, claimed_at = NULL WHERE id = ?",
+                (int(claim.receipt),),
+            )
+        self._queued.fire()
+
+    # --- events -----------------------------------------------------------------------
+    async def read_events(
+        self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
+    ) -> list[Event]:
+        """Event ids are decimal row ids; an ``after`` that is not one reads from the start."""
+        last = int(after) if after is not None and after.isdigit() else 0
+        deadline = asyncio.get_running_loop().time() + block_ms / 1000
+        signal = self._events.setdefault(task_id, _Signal())
+        signal.users += 1
+        try:
+            while True:
+                woken = signal.waiter()
+                async with self._conn() as db:
+                    rows = await db.execute_fetchall(
+                        "SELECT id, event, data FROM events WHERE task_id = ? AND id > ?"
+                        " ORDER BY id LIMIT ?",
+                        (task_id, last, limit),
+                    )
+                if rows or block_ms <= 0 or not await _wait(woken, deadline):
+                    return [Event(str(i), e, json.loads(d)) for i, e, d in rows]
+        finally:
+            signal.users -= 1
+            if not signal.users:
+                del self._events[task_id]
+
+    # --- liveness ---------------------------------------------------------------------
+    async def register_worker(self, worker_id: str, ttl_s: float) -> None:
+        async with self._conn() as db:
+            await db.execute(
+                "INSERT OR REPLACE INTO workers VALUES (?, ?)", (worker_id, time.time() + ttl_s)
+            )
+
+    async def unregister_worker(self, worker_id: str) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM workers WHERE id = ?", (worker_id,))
+
+    async def live_workers(self) -> int:
+        async with self._conn() as db:
+            row = await _first(
+                db, "SELECT COUNT(*) FROM workers WHERE expires_at > ?", (time.time(),)
+            )
+        return int(row[0])

@@ -1,0 +1,141 @@
+"""RedisStore beyond the contract: key layout, TTLs, stream hygiene, unreachable Redis."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from ponder.config import Settings
+from ponder.errors import StoreUnavailable
+from ponder.store.redis import RedisStore
+from ponder.types import TaskStatus
+
+from .test_contract import ALL, add, advance
+
+
+@pytest.fixture
+async def store(redis_settings: Settings) -> AsyncIterator[RedisStore]:
+    s = RedisStore(redis_settings)
+    await s.start()
+    try:
+        yield s
+    finally:
+        await s.close()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    """A plain client to look at the keys (only under this test's key prefix)."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_start_and_close_are_idempotent(redis_settings: Settings) -> None:
+    store = RedisStore(redis_settings)
+    await store.start()
+    await store.start()
+    await add(store)
+    assert await store.claim("w", ALL, 0) is not None
+    await store.close()
+    await store.close()
+
+
+async def test_terminal_tasks_and_their_events_expire(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    task = await add(store)
+    task_key, events_key = f"{key_prefix}:task:{task.id}", f"{key_prefix}:ev:{task.id}"
+    await advance(store, task, TaskStatus.running)
+    assert await raw.ttl(task_key) == -1 and await raw.ttl(events_key) == -1
+    await advance(store, task, TaskStatus.done)
+    assert 0 < await raw.ttl(task_key) <= store._ttl
+    assert 0 < await raw.ttl(events_key) <= store._ttl
+
+
+async def test_ack_deletes_stream_entries(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    for p in (0, 3, 3, 5):
+        await add(store, p)
+    queues = [f"{key_prefix}:q:{p}" for p in ALL]
+    assert sum([await raw.xlen(q) for q in queues]) == 4
+    while (claim := await store.claim("w", ALL, 0)) is not None:
+        await store.ack(claim)
+    assert sum([await raw.xlen(q) for q in queues]) == 0
+    for q in queues:
+        assert (await raw.xpending(q, "workers"))["pending"] == 0
+
+
+async def test_release_requeues_at_the_end_of_its_level(store: RedisStore) -> None:
+    first, second = await add(store), await add(store)
+    claim = await store.claim("a", ALL, 0)
+    assert claim is not None and claim.task_id == first.id
+    await store.release(claim)
+    order = [await store.claim("b", ALL, 0) for _ in range(2)]
+    assert [c.task_id for c in order if c] == [second.id, first.id]
+
+
+async def test_listing_drops_index_entries_of_expired_tasks(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    kept, expired = await add(store, owner="k"), await add(store, owner="k")
+    await raw.delete(f"{key_prefix}:task:{expired.id}")  # as if its TTL ran out
+    tasks, cursor = await store.list_tasks("k", status=None, limit=10, cursor=None)
+    assert [t.id for t in tasks] == [kept.id] and cursor is None
+    assert await raw.zcard(f"{key_prefix}:tasks:k") == 1
+
+
+async def test_blocking_calls_may_outlast_the_socket_timeout(redis_settings: Settings) -> None:
+    store = RedisStore(redis_settings.model_copy(update={"store_timeout_s": 0.2}))
+    await store.start()
+    try:
+        started = time.monotonic()
+        assert await store.claim("w", ALL, 600) is None
+        task = await add(store)
+        (first,) = await store.read_events(task.id, None)
+        assert await store.read_events(task.id, first.id, block_ms=600) == []
+        assert time.monotonic() - started >= 1.1
+    finally:
+        await store.close()
+
+
+async def test_unreachable_redis_raises_store_unavailable(redis_settings: Settings) -> None:
+    settings = redis_settings.model_copy(
+        update={"redis_url": "redis://127.0.0.1:1/0", "store_timeout_s": 0.3}
+    )
+    store = RedisStore(settings)
+    started = time.monotonic()
+    try:
+        assert not await store.ping()
+        with pytest.raises(StoreUnavailable) as info:
+            await store.start()
+        assert info.value.__cause__ is not None
+        with pytest.raises(StoreUnavailable):
+            await store.get_task("1764412800123-api1-42")
+        with pytest.raises(StoreUnavailable):
+            await store.claim("w", ALL, 100)
+    finally:
+        await store.close()
+    assert time.monotonic() - started < 3.0
+
+
+async def test_a_blocking_read_that_gets_several_levels_keeps_the_first_in_order(
+    store: RedisStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    low, high = await add(store, 4), await add(store, 1)
+
+    async def nothing_yet(**_: object) -> None:
+        return None  # as if both entries arrived just after the non-blocking tries
+
+    monkeypatch.setattr(store, "_claim", nothing_yet)
+    claim = await store.claim("w", [1, 4], 1000)
+    assert claim is not None and claim.task_id == high.id
+    monkeypatch.undo()
+    rest = await store.claim("w2", ALL, 0)  # the other entry was given back, not held
+    assert rest is not None and rest.task_id == low.id
