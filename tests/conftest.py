@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
@@ -85,3 +87,74 @@ async def store(settings: Settings) -> AsyncIterator[object]:
         yield s
     finally:
         await s.close()
+
+
+# --- a real HTTP server on loopback ---------------------------------------------------
+
+
+class LiveServer:
+    """uvicorn serving ``create_app`` on 127.0.0.1 (a free port) inside the test's loop."""
+
+    def __init__(self, settings: Settings, workers: int) -> None:
+        import uvicorn
+
+        from ponder.api import create_app
+
+        self.app = create_app(settings, workers=workers)
+        config = uvicorn.Config(
+            self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
+        )
+        self.server = uvicorn.Server(config)
+        self.url = ""
+        self._task: asyncio.Task[None] | None = None
+
+    async def __aenter__(self) -> LiveServer:
+        self._task = asyncio.create_task(self.server.serve())
+        while not self.server.started:
+            if self._task.done():
+                self._task.result()
+                raise RuntimeError("the server stopped during start-up")
+            await asyncio.sleep(0.01)
+        (sock,) = [s for server in self.server.servers for s in server.sockets][:1]
+        host, port = sock.getsockname()[:2]
+        self.url = f"http://{host}:{port}"
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        if self._task is not None:
+            await asyncio.wait_for(self._task, 30)
+
+
+@pytest.fixture
+async def server(settings: Settings) -> AsyncIterator[LiveServer]:
+    """The all-in-one service (API + one worker, scripted engine) on loopback."""
+    async with LiveServer(settings, workers=1) as live:
+        yield live
+
+
+@pytest.fixture
+async def client(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(base_url=server.url, timeout=10) as c:
+        yield c
+
+
+async def wait_for_task(
+    client: httpx.AsyncClient, task_id: str, timeout_s: float = 15.0
+) -> dict[str, object]:
+    """Poll the task (as a client of the HTTP API would) until it is terminal."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    delay = 0.02
+    while True:
+        response = await client.get(f"/v1/tasks/{task_id}")
+        assert response.status_code == 200, response.text
+        task: dict[str, object] = response.json()
+        if task["status"] in TERMINAL_NAMES:
+            return task
+        if asyncio.get_running_loop().time() > deadline:
+            raise AssertionError(f"task {task_id} still {task['status']} after {timeout_s}s")
+        await asyncio.sleep(delay)
+        delay = min(delay * 1.5, 0.25)
+
+
+TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}

@@ -1,0 +1,228 @@
+"""The HTTP contract of API.md, through a real server on loopback, on both stores."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import pytest
+
+from ponder.config import Settings
+from tests.conftest import LiveServer, wait_for_task
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, Any]:
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert body["error"]["code"] == code
+    assert body["error"]["message"]
+    assert "Traceback" not in response.text
+    return body
+
+
+async def test_submit_poll_result(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/tasks",
+        json={"prompt": "What is 17 * 24? [[answers: 408, 408, 418]]", "metadata": {"user": "42"}},
+    )
+    assert response.status_code == 202
+    task = response.json()
+    assert response.headers["location"] == f"/v1/tasks/{task['id']}"
+    assert task["status"] == "pending"
+    assert task["id"].split("-")[1] == "test1"
+    assert task["samples_planned"] == 3
+    assert task["metadata"] == {"user": "42"}
+    done = await wait_for_task(client, task["id"])
+    assert done["status"] == "done"
+    assert done["result"]["answer"] == "408"
+    assert done["result"]["votes"] == {"408": 2, "418": 1}
+    assert done["samples_done"] == 3
+    assert {s["status"] for s in done["samples"]} == {"done"}
+    for key in ("created_at", "started_at", "finished_at", "usage", "preliminary", "error"):
+        assert key in done
+
+
+async def test_messages_input(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/tasks",
+        json={"messages": [{"role": "user", "content": "hi [[answers: 1]]"}], "mode": "fast"},
+    )
+    assert response.status_code == 202
+    assert (await wait_for_task(client, response.json()["id"]))["status"] == "done"
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ({}, "prompt"),
+        ({"prompt": "a", "messages": [{"role": "user", "content": "b"}]}, "exactly one"),
+        ({"prompt": ""}, "prompt"),
+        ({"prompt": "a", "priority": 6}, "priority"),
+        ({"prompt": "a", "priority": -1}, "priority"),
+        ({"prompt": "a", "mode": "turbo"}, "mode"),
+        ({"prompt": "a", "task_type": "poem"}, "task_type"),
+        ({"prompt": "a", "samples": 99}, "samples"),
+        ({"prompt": "a", "mode": "fast", "samples": 2}, "samples"),
+        ({"prompt": "a", "max_new_tokens": 100000}, "max_new_tokens"),
+        ({"prompt": "a", "temperature": 3}, "temperature"),
+        ({"prompt": "a", "timeout_s": 10**6}, "timeout_s"),
+        ({"prompt": "a", "callback_url": "ftp://example.com/x"}, "callback_url"),
+        ({"prompt": "a", "callback_url": "not a url"}, "callback_url"),
+        ({"prompt": "a", "metadata": {"k": "v" * 5000}}, "metadata"),
+        ({"prompt": "a", "metadata": [1, 2]}, "metadata"),
+        ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
+        ({"prompt": 5}, "prompt"),
+    ],
+)
+async def test_invalid_requests_change_nothing(
+    client: httpx.AsyncClient, body: dict[str, Any], field: str
+) -> None:
+    error = assert_error(await client.post("/v1/tasks", json=body), 422, "invalid")
+    assert field in error["error"]["message"]
+    listing = (await client.get("/v1/tasks")).json()
+    assert listing["data"] == []
+
+
+async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
+    response = await client.post(
+        "/v1/tasks", content=b'{"prompt": ', headers={"content-type": "application/json"}
+    )
+    assert_error(response, 400, "bad_request")
+
+
+async def test_limits_give_413(client: httpx.AsyncClient, settings: Settings) -> None:
+    long_prompt = "x" * (settings.max_prompt_chars + 1)
+    assert_error(await client.post("/v1/tasks", json={"prompt": long_prompt}), 413, "too_large")
+    huge = b'{"prompt": "' + b"y" * settings.max_body_bytes + b'"}'
+    response = await client.post(
+        "/v1/tasks", content=huge, headers={"content-type": "application/json"}
+    )
+    assert_error(response, 413, "too_large")
+    assert (await client.get("/v1/tasks")).json()["data"] == []
+
+
+async def test_unknown_task_is_404(client: httpx.AsyncClient) -> None:
+    assert_error(await client.get("/v1/tasks/1764412800123-nope-1"), 404, "not_found")
+    assert_error(await client.get("/v1/tasks/garbage"), 404, "not_found")
+    assert_error(await client.delete("/v1/tasks/1764412800123-nope-1"), 404, "not_found")
+    assert_error(await client.get("/v1/nothing-here"), 404, "not_found")
+
+
+async def test_idempotency_key(client: httpx.AsyncClient) -> None:
+    headers = {"Idempotency-Key": "abc-123"}
+    body = {"prompt": "same [[answers: 3]]", "mode": "fast"}
+    first = await client.post("/v1/tasks", json=body, headers=headers)
+    again = await client.post("/v1/tasks", json=body, headers=headers)
+    assert first.status_code == 202 and again.status_code == 200
+    assert first.json()["id"] == again.json()["id"]
+    other = await client.post("/v1/tasks", json={**body, "priority": 1}, headers=headers)
+    assert_error(other, 409, "conflict")
+    assert len((await client.get("/v1/tasks")).json()["data"]) == 1
+
+
+async def test_cancel_semantics(client: httpx.AsyncClient) -> None:
+    running = (await client.post("/v1/tasks", json={"prompt": "[[hang]]"})).json()
+    response = await client.delete(f"/v1/tasks/{running['id']}")
+    assert response.status_code == 200 and response.json()["status"] == "cancelled"
+    again = await client.delete(f"/v1/tasks/{running['id']}")
+    assert again.status_code == 200 and again.json()["status"] == "cancelled"
+    finished = (await client.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+    await wait_for_task(client, finished["id"])
+    body = assert_error(await client.delete(f"/v1/tasks/{finished['id']}"), 409, "conflict")
+    assert body["task"]["status"] == "done"
+    assert (await client.get(f"/v1/tasks/{running['id']}")).json()["status"] == "cancelled"
+
+
+async def test_list_newest_first_with_cursor(client: httpx.AsyncClient) -> None:
+    ids = []
+    for i in range(5):
+        r = await client.post("/v1/tasks", json={"prompt": f"{i} [[answers: 1]]", "mode": "fast"})
+        ids.append(r.json()["id"])
+    seen: list[str] = []
+    cursor = None
+    while True:
+        params: dict[str, Any] = {"limit": 2}
+        if cursor:
+            params["cursor"] = cursor
+        page = (await client.get("/v1/tasks", params=params)).json()
+        seen += [t["id"] for t in page["data"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert seen == ids[::-1]
+    for task_id in ids:
+        await wait_for_task(client, task_id)
+    done = (await client.get("/v1/tasks", params={"status": "done", "limit": 100})).json()
+    assert len(done["data"]) == 5
+    assert_error(await client.get("/v1/tasks", params={"limit": 0}), 422, "invalid")
+    assert_error(await client.get("/v1/tasks", params={"status": "bogus"}), 422, "invalid")
+
+
+async def test_operations(client: httpx.AsyncClient) -> None:
+    assert (await client.get("/healthz")).status_code == 200
+    ready = await client.get("/readyz")
+    assert ready.status_code == 200, ready.text
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+    await wait_for_task(client, task["id"])
+    text = (await client.get("/metrics")).text
+    for name in (
+        "ponder_queue_depth",
+        "ponder_tasks_finished_total",
+        "ponder_batch_size_bucket",
+        "ponder_batch_wait_seconds",
+        "ponder_batch_run_seconds",
+        "ponder_sample_latency_seconds",
+        "ponder_webhook_deliveries_total",
+    ):
+        assert name in text
+    assert (await client.get("/docs")).status_code == 200
+    schema = (await client.get("/openapi.json")).json()
+    assert "/v1/tasks" in schema["paths"]
+
+
+async def test_backpressure_is_atomic(settings: Settings) -> None:
+    limited = settings.model_copy(update={"max_pending": 10})
+    async with (
+        LiveServer(limited, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=20) as c,
+    ):
+        responses = await asyncio.gather(
+            *(c.post("/v1/tasks", json={"prompt": f"p{i}"}) for i in range(50))
+        )
+        codes = sorted(r.status_code for r in responses)
+        assert codes.count(202) == 10 and codes.count(503) == 40
+        for r in responses:
+            if r.status_code == 503:
+                assert_error(r, 503, "queue_full")
+                assert int(r.headers["retry-after"]) >= 1
+        assert len((await c.get("/v1/tasks", params={"limit": 100})).json()["data"]) == 10
+        not_ready = await c.get("/readyz")  # no worker in this process
+        assert not_ready.status_code == 503
+
+
+async def test_auth_and_isolation(settings: Settings) -> None:
+    from ponder.api.deps import key_digest
+
+    keys = {"alice": "pk_alice_secret", "bob": "pk_bob_secret"}
+    secured = settings.model_copy(update={"api_keys": [key_digest(k) for k in keys.values()]})
+    async with LiveServer(secured, workers=1) as live:
+        alice = httpx.AsyncClient(
+            base_url=live.url, headers={"Authorization": f"Bearer {keys['alice']}"}
+        )
+        bob = httpx.AsyncClient(
+            base_url=live.url, headers={"Authorization": f"Bearer {keys['bob']}"}
+        )
+        anon = httpx.AsyncClient(base_url=live.url)
+        wrong = httpx.AsyncClient(base_url=live.url, headers={"Authorization": "Bearer nope"})
+        async with alice, bob, anon, wrong:
+            assert_error(await anon.post("/v1/tasks", json={"prompt": "x"}), 401, "unauthorized")
+            assert_error(await wrong.get("/v1/tasks"), 401, "unauthorized")
+            task = (await alice.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+            assert_error(await bob.get(f"/v1/tasks/{task['id']}"), 404, "not_found")
+            assert_error(await bob.delete(f"/v1/tasks/{task['id']}"), 404, "not_found")
+            assert (await bob.get("/v1/tasks")).json()["data"] == []
+            assert (await wait_for_task(alice, task["id"]))["status"] == "done"
+            assert (await anon.get("/healthz")).status_code == 200

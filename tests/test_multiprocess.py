@@ -1,0 +1,89 @@
+"""Split roles over Redis: one `ponder api` and two `ponder worker` processes."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+from collections import Counter
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.conftest import wait_for_task
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+async def spawn(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
+    return await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ponder.cli", *args,
+        env={**os.environ, **env},
+        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+
+
+@pytest.fixture
+async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
+    port = free_port()
+    base = {
+        "PONDER_REDIS_URL": redis_url,
+        "PONDER_KEY_PREFIX": key_prefix,
+        "PONDER_ENGINE": "scripted",
+        "PONDER_SCRIPTED_BATCH_MS": "5,1",
+        "PONDER_BATCH_MAX_WAIT_MS": "5",
+        "PONDER_CLAIM_BLOCK_MS": "200",
+    }
+    procs = [
+        await spawn({**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
+        await spawn({**base, "PONDER_NODE_ID": "wA"}, "worker"),
+        await spawn({**base, "PONDER_NODE_ID": "wB"}, "worker"),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url) as c, asyncio.timeout(30):
+            while True:
+                try:
+                    if (await c.get("/readyz")).status_code == 200:
+                        workers = (await c.get("/readyz")).json()["workers"]
+                        if workers == 2:
+                            break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        yield url
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.terminate()
+        for p in procs:
+            _, err = await asyncio.wait_for(p.communicate(), 30)
+            assert p.returncode in (0, -15), err.decode()[-2000:]
+
+
+async def test_200_tasks_over_two_workers(cluster: str) -> None:
+    async with httpx.AsyncClient(base_url=cluster, timeout=30) as c:
+        created = await asyncio.gather(
+            *(
+                c.post("/v1/tasks", json={"prompt": f"t{i} [[answers: {i}]]", "priority": i % 6})
+                for i in range(200)
+            )
+        )
+        assert all(r.status_code == 202 for r in created)
+        ids = [r.json()["id"] for r in created]
+        assert all(i.split("-")[1] == "api1" for i in ids)
+        tasks = [await wait_for_task(c, i, timeout_s=120) for i in ids]
+    assert Counter(t["status"] for t in tasks) == {"done": 200}
+    for i, task in enumerate(tasks):
+        assert task["result"]["answer"] == str(i)
+        assert task["attempts"] == 1  # started once: each sample computed exactly once
+        assert [s["index"] for s in task["samples"]] == [0, 1, 2]

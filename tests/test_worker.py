@@ -1,0 +1,267 @@
+"""The worker against both real stores, the real batcher and the scripted engine."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pytest
+
+from ponder.api.schemas import TaskCreate
+from ponder.api.tasks import build_task, cancel_task
+from ponder.batcher import DynamicBatcher
+from ponder.config import Settings
+from ponder.engines.base import SampleRequest
+from ponder.engines.scripted import ScriptedEngine
+from ponder.ids import IdGenerator
+from ponder.states import is_terminal
+from ponder.store import create_store
+from ponder.store.base import TaskStore
+from ponder.types import SampleStatus, Task, TaskStatus
+from ponder.worker import Worker
+
+
+class RecordingEngine(ScriptedEngine):
+    """The scripted engine, remembering every request it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.requests: list[SampleRequest] = []
+        self.arrived = asyncio.Event()
+
+    async def generate(self, batch: Any) -> Any:
+        self.requests.extend(batch)
+        self.arrived.set()
+        return await super().generate(batch)
+
+
+@dataclass
+class Harness:
+    settings: Settings
+    store: TaskStore
+    engine: RecordingEngine
+    batcher: DynamicBatcher
+    ids: IdGenerator = field(default_factory=lambda: IdGenerator("t1"))
+    workers: list[tuple[Worker, asyncio.Task[None]]] = field(default_factory=list)
+
+    def start_worker(self, **overrides: Any) -> Worker:
+        settings = self.settings.model_copy(update=overrides) if overrides else self.settings
+        worker = Worker(self.store, self.batcher, settings, worker_id=f"w{len(self.workers)}")
+        self.workers.append((worker, asyncio.create_task(worker.run())))
+        return worker
+
+    async def submit(self, prompt: str, **fields: Any) -> Task:
+        req = TaskCreate(prompt=prompt, **fields)
+        task = build_task(req, self.settings, task_id=self.ids.new_id(), owner="")
+        stored, _ = await self.store.create_task(task, max_pending=self.settings.max_pending)
+        return stored
+
+    async def wait(self, task_id: str, timeout_s: float = 10.0) -> Task:
+        """Wait on the task's event log (no polling) until it is terminal."""
+        after: str | None = None
+        async with asyncio.timeout(timeout_s):
+            while True:
+                task = await self.store.get_task(task_id)
+                assert task is not None
+                if is_terminal(task.status):
+                    return task
+                events = await self.store.read_events(task_id, after, block_ms=500)
+                if events:
+                    after = events[-1].id
+
+    async def stop(self) -> None:
+        for worker, _ in self.workers:
+            worker.stop()
+        await asyncio.gather(*(job for _, job in self.workers))
+
+
+@pytest.fixture
+async def make_harness(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
+    made: list[Harness] = []
+
+    async def make(**overrides: Any) -> Harness:
+        s = settings.model_copy(update=overrides)
+        store = create_store(s)
+        await store.start()
+        engine = RecordingEngine()
+        batcher = DynamicBatcher.from_settings(engine, s)
+        await batcher.start()
+        harness = Harness(s, store, engine, batcher)
+        made.append(harness)
+        return harness
+
+    yield make
+    for h in made:
+        await h.stop()
+        await h.batcher.close()
+        await h.store.close()
+
+
+@pytest.fixture
+async def h(make_harness: Callable[..., Any]) -> Harness:
+    harness: Harness = await make_harness()
+    return harness
+
+
+async def test_standard_task_is_voted(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]")
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert done.samples_planned == 3 and done.samples_done == 3
+    assert done.result is not None
+    assert done.result.answer == "42"
+    assert done.result.votes == {"42": 2, "17": 1}
+    assert done.result.agreement == pytest.approx(2 / 3)
+    assert done.result.chosen_sample in (0, 1)
+    assert done.usage.completion_tokens > 0
+    assert done.started_at is not None and done.finished_at is not None
+    assert len({s.seed for s in done.samples}) == 3
+
+
+async def test_engine_error_fails_the_task(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("[[fail]]", mode="fast")
+    failed = await h.wait(task.id)
+    assert failed.status == TaskStatus.failed
+    assert failed.error is not None and failed.error.code == "engine_error"
+    assert failed.samples[0].status == SampleStatus.error
+
+
+async def test_some_failed_samples_give_partial_done(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("[[answers: 42, fail, 42]]")
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.partial_done
+    assert ended.result is not None and ended.result.answer == "42"
+    assert [s.status for s in ended.samples].count(SampleStatus.error) == 1
+
+
+async def test_sample_timeout_is_partial(make_harness: Callable[..., Any]) -> None:
+    # One row per batch, batches side by side: the hanging row holds only its own batch
+    # (in one batch, every row waits for the slowest, as on a real accelerator).
+    h: Harness = await make_harness(batch_max_size=1, batch_max_concurrent=3)
+    h.start_worker()
+    task = await h.submit("[[answers: 7, hang, 7]]", timeout_s=0.5)
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.partial_done
+    assert [s.status for s in ended.samples] == [
+        SampleStatus.done,
+        SampleStatus.timeout,
+        SampleStatus.done,
+    ]
+    hung = [r for r in h.engine.requests if r.sample_index == 1]
+    assert hung and hung[0].is_cancelled  # the engine was told to stop
+
+
+async def test_deadline_with_nothing_finished_fails_with_timeout(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("[[hang]]", timeout_s=0.3)
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.failed
+    assert ended.error is not None and ended.error.code == "timeout"
+
+
+async def test_cancelled_pending_task_never_runs(h: Harness) -> None:
+    task = await h.submit("never [[answers: 1]]")
+    cancelled = await cancel_task(h.store, task.id, "")
+    assert cancelled.status == TaskStatus.cancelled
+    h.start_worker()
+    marker = await h.submit("marker [[answers: 2]]", mode="fast")
+    await h.wait(marker.id)
+    assert all(r.task_id != task.id for r in h.engine.requests)
+    final = await h.store.get_task(task.id)
+    assert final is not None and final.status == TaskStatus.cancelled
+
+
+async def test_cancel_running_task_stops_engine_work(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("[[hang]]", mode="fast")
+    await asyncio.wait_for(h.engine.arrived.wait(), 5)
+    (request,) = h.engine.requests
+    stopped = asyncio.Event()
+    request.on_cancel(stopped.set)
+    await cancel_task(h.store, task.id, "")
+    await asyncio.wait_for(stopped.wait(), 5)  # the worker noticed and told the engine
+    final = await h.store.get_task(task.id)
+    assert final is not None and final.status == TaskStatus.cancelled
+    assert final.result is None
+
+
+async def test_reclaimed_task_reruns_only_missing_samples(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(lease_s=0.2)
+    task = await h.submit("[[answers: 5, 5, 5]]")
+    # A worker that dies after one sample: it claimed, started and saved one sample.
+    claim = await h.store.claim("dead-worker", [0, 1, 2, 3, 4, 5], 100)
+    assert claim is not None and claim.task_id == task.id
+    started = await h.store.get_task(task.id)
+    assert started is not None
+    started.status = TaskStatus.running
+    started.attempts = 1
+    from ponder.types import Sample
+
+    started.samples = [
+        Sample(index=i, temperature=0.5, seed=i, status=SampleStatus.queued) for i in range(3)
+    ]
+    started.samples[0].status = SampleStatus.done
+    started.samples[0].text = "The answer is 5."
+    started.samples[0].answer = "5"
+    assert await h.store.update_task(started)
+    h.start_worker()
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.done
+    assert ended.attempts == 2
+    assert sorted(r.sample_index for r in h.engine.requests) == [1, 2]
+
+
+async def test_too_many_attempts_fails(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(max_deliveries=2)
+    task = await h.submit("[[answers: 1]]", mode="fast")
+    stored = await h.store.get_task(task.id)
+    assert stored is not None
+    stored.attempts = 2
+    assert await h.store.update_task(stored)
+    h.start_worker()
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.failed
+    assert ended.error is not None and ended.error.code == "too_many_attempts"
+    assert h.engine.requests == []
+
+
+async def test_poisonous_request_fails_only_its_task(h: Harness) -> None:
+    h.start_worker()
+    tasks = [await h.submit(f"ok {i} [[answers: {i}]]", mode="fast") for i in range(5)]
+    bad = await h.submit("[[poison]]", mode="fast")
+    for t in tasks:
+        assert (await h.wait(t.id)).status == TaskStatus.done
+    ended = await h.wait(bad.id)
+    assert ended.status == TaskStatus.failed
+
+
+async def test_bounded_tasks_in_flight(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(worker_max_tasks=2)
+    worker = h.start_worker()
+    seen: list[int] = []
+    original = h.engine.generate
+
+    async def spy(batch: Any) -> Any:
+        seen.append(worker.in_flight)
+        return await original(batch)
+
+    h.engine.generate = spy  # type: ignore[method-assign]
+    tasks = [await h.submit(f"[[sleep_ms: 30]] {i}", mode="fast") for i in range(6)]
+    for t in tasks:
+        assert (await h.wait(t.id)).status == TaskStatus.done
+    assert seen and max(seen) <= 2
+
+
+async def test_two_workers_share_the_queue(h: Harness) -> None:
+    h.start_worker()
+    h.start_worker()
+    tasks = [await h.submit(f"q{i} [[sleep_ms: 5]]", mode="fast") for i in range(20)]
+    for t in tasks:
+        assert (await h.wait(t.id)).status == TaskStatus.done
+    counted = [r.task_id for r in h.engine.requests]
+    assert sorted(counted) == sorted(t.id for t in tasks)  # each sample computed once
