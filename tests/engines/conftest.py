@@ -49,7 +49,7 @@ def model_engine() -> Iterator[TransformersEngine]:
     """The transformers engine on the default packaged model, loaded once per session."""
     from ponder.engines.transformers import TransformersEngine
 
-    engine = TransformersEngine(load_settings(engine="transformers", torch_threads=2))
+    engine = TransformersEngine(load_settings(engine="transformers", torch_threads=1))
     _run(engine.start())
     yield engine
     _run(engine.close())

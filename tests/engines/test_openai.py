@@ -1,0 +1,268 @@
+"""The OpenAI engine against a real OpenAI-compatible HTTP server on loopback.
+
+The server is a small FastAPI app run by uvicorn on 127.0.0.1, answering
+``/v1/chat/completions`` with the real local model (the session's TransformersEngine). It
+can be told to answer some status codes first, or to ignore ``n`` as some servers do.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import socket
+import threading
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import pytest
+import uvicorn
+from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+
+from ponder.config import load_settings
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.engines.openai import OpenAIEngine
+from ponder.engines.transformers import TransformersEngine
+from ponder.errors import ConfigError, EngineError
+
+pytestmark = pytest.mark.model
+
+CAPITAL = "What is the capital of France?"
+HAIKU = "Write a haiku about the sea."
+
+
+class CompatServer:
+    """An OpenAI-compatible chat-completions server over a TransformersEngine."""
+
+    def __init__(self, engine: TransformersEngine) -> None:
+        self.engine = engine
+        self.app = FastAPI()
+        self.app.post("/v1/chat/completions")(self.complete)
+        self.reset()
+
+    def reset(self) -> None:
+        #: status codes to answer, one per request, before serving normally
+        self.fail_with: list[int] = []
+        #: False: answer one choice whatever ``n`` asks (as some servers do)
+        self.supports_n = True
+        #: the body of every request received
+        self.bodies: list[dict[str, Any]] = []
+        #: set when a request arrives
+        self.received = threading.Event()
+
+    async def complete(self, body: dict[str, Any]) -> JSONResponse:
+        self.bodies.append(body)
+        self.received.set()
+        if self.fail_with:
+            status = self.fail_with.pop(0)
+            return _error(status, "the server is overloaded", {"Retry-After": "0"})
+        temperature = float(body.get("temperature", 1.0))
+        if not 0 <= temperature <= 2:
+            return _error(400, f"temperature {temperature} is not in [0, 2]")
+        n = int(body.get("n", 1)) if self.supports_n else 1
+        seed = body.get("seed")
+        stop = body.get("stop") or []
+        requests = [
+            SampleRequest(
+                messages=body["messages"],
+                temperature=temperature,
+                top_p=float(body.get("top_p", 1.0)),
+                max_new_tokens=int(body.get("max_tokens", 16)),
+                # one seed per request: the n samples draw from seed, seed + 1, ...
+                seed=None if seed is None else int(seed) + i,
+                stop=[stop] if isinstance(stop, str) else list(stop),
+            )
+            for i in range(n)
+        ]
+        results = await self.engine.generate(requests)
+        outputs = [r for r in results if isinstance(r, SampleOutput)]
+        if len(outputs) < len(results):
+            return _error(400, str(next(r for r in results if isinstance(r, EngineError))))
+        return JSONResponse(
+            {
+                "object": "chat.completion",
+                "model": body.get("model"),
+                "choices": [
+                    {
+                        "index": i,
+                        "message": {"role": "assistant", "content": out.text},
+                        "finish_reason": out.finish_reason,
+                        # the engine knows only the mean log-probability: every token
+                        # entry carries it, so that their mean is the engine's
+                        "logprobs": {
+                            "content": [{"token": "", "logprob": out.mean_logprob}]
+                            * out.completion_tokens
+                        }
+                        if body.get("logprobs")
+                        else None,
+                    }
+                    for i, out in enumerate(outputs)
+                ],
+                "usage": {
+                    "prompt_tokens": outputs[0].prompt_tokens,
+                    "completion_tokens": sum(o.completion_tokens for o in outputs),
+                },
+            }
+        )
+
+
+def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
+    content = {"error": {"message": message, "type": "invalid_request_error"}}
+    return JSONResponse(content, status_code=status, headers=headers)
+
+
+@pytest.fixture(scope="module")
+def compat_server(model_engine: TransformersEngine) -> Iterator[tuple[CompatServer, str]]:
+    """The server and its base URL, run by uvicorn in a thread for this module."""
+    compat = CompatServer(model_engine)
+    # a socket listening before uvicorn starts: connections wait in its backlog, so the
+    # tests need not wait for the server to be up
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.bind(("127.0.0.1", 0))
+    sock.listen(64)
+    port = sock.getsockname()[1]
+    config = uvicorn.Config(compat.app, log_level="warning", lifespan="off", ws="none")
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        yield compat, f"http://127.0.0.1:{port}/v1"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+@pytest.fixture
+def server(compat_server: tuple[CompatServer, str]) -> CompatServer:
+    compat_server[0].reset()
+    return compat_server[0]
+
+
+def make_engine(base_url: str, **overrides: Any) -> OpenAIEngine:
+    settings = load_settings(
+        engine="openai", openai_base_url=base_url, openai_model="smollm2", **overrides
+    )
+    return OpenAIEngine(settings, backoff_s=0.01)
+
+
+@pytest.fixture
+async def engine(
+    compat_server: tuple[CompatServer, str], server: CompatServer
+) -> AsyncIterator[OpenAIEngine]:
+    client = make_engine(compat_server[1])
+    await client.start()
+    yield client
+    await client.close()
+
+
+def ok(result: SampleOutput | EngineError) -> SampleOutput:
+    assert isinstance(result, SampleOutput), result
+    return result
+
+
+async def test_greedy_answers_match_the_local_engine(
+    engine: OpenAIEngine, model_engine: TransformersEngine
+) -> None:
+    rows = [
+        SampleRequest(prompt=CAPITAL, max_new_tokens=12),
+        SampleRequest(prompt=HAIKU, max_new_tokens=3),
+        SampleRequest(prompt=CAPITAL, max_new_tokens=12, stop=["Paris"]),
+    ]
+    remote = [ok(r) for r in await engine.generate(rows)]
+    local = [ok(r) for r in await model_engine.generate(rows)]
+    for a, b in zip(remote, local, strict=True):
+        assert (a.text, a.completion_tokens, a.finish_reason) == (
+            b.text,
+            b.completion_tokens,
+            b.finish_reason,
+        )
+        assert a.prompt_tokens == b.prompt_tokens
+        assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=1e-4)  # float noise
+    assert remote[1].finish_reason == "length"
+    assert "Paris" not in remote[2].text
+
+
+async def test_rows_sharing_a_prompt_go_as_one_request_with_n(
+    engine: OpenAIEngine, server: CompatServer
+) -> None:
+    rows = [
+        SampleRequest(prompt=HAIKU, temperature=1.0, seed=5, max_new_tokens=8) for _ in range(3)
+    ]
+    results = [ok(r) for r in await engine.generate([*rows, SampleRequest(prompt=CAPITAL)])]
+    assert sorted(b.get("n", 1) for b in server.bodies) == [1, 3]
+    assert engine.supports_n is True
+    assert len({r.text for r in results[:3]}) > 1  # n samples, not one copied
+    for r in results:
+        assert r.mean_logprob is not None and math.isfinite(r.mean_logprob)
+        assert r.mean_logprob < 0 and r.completion_tokens > 0
+    assert all(b["logprobs"] is True for b in server.bodies)
+
+
+async def test_a_server_ignoring_n_gets_one_request_per_row(
+    engine: OpenAIEngine, server: CompatServer
+) -> None:
+    server.supports_n = False
+    rows = [SampleRequest(prompt=HAIKU, temperature=1.0, max_new_tokens=4) for _ in range(3)]
+    assert all(isinstance(r, SampleOutput) for r in await engine.generate(rows))
+    assert [b.get("n", 1) for b in server.bodies] == [3, 1, 1]
+    assert engine.supports_n is False
+    assert all(isinstance(r, SampleOutput) for r in await engine.generate(rows[:2]))
+    assert [b.get("n", 1) for b in server.bodies[3:]] == [1, 1]
+
+
+async def test_503_answers_are_retried(engine: OpenAIEngine, server: CompatServer) -> None:
+    server.fail_with = [503, 503]
+    (result,) = await engine.generate([SampleRequest(prompt=CAPITAL, max_new_tokens=4)])
+    assert ok(result).completion_tokens == 4
+    assert len(server.bodies) == 3
+
+
+async def test_retries_are_bounded(
+    compat_server: tuple[CompatServer, str], server: CompatServer
+) -> None:
+    server.fail_with = [429, 500, 502]
+    engine = make_engine(compat_server[1], openai_max_retries=1)
+    try:
+        (result,) = await engine.generate([SampleRequest(prompt=CAPITAL, max_new_tokens=4)])
+    finally:
+        await engine.close()
+    assert isinstance(result, EngineError) and "answered 500" in str(result)
+    assert len(server.bodies) == 2
+
+
+async def test_a_400_fails_its_row_alone(engine: OpenAIEngine, server: CompatServer) -> None:
+    good = SampleRequest(prompt=CAPITAL, max_new_tokens=4)
+    bad = SampleRequest(prompt=HAIKU, temperature=3.0, max_new_tokens=4)
+    results = await engine.generate([good, bad])
+    assert ok(results[0]).completion_tokens == 4
+    assert isinstance(results[1], EngineError)
+    assert "answered 400: temperature 3.0 is not in [0, 2]" in str(results[1])
+    assert len(server.bodies) == 2  # no retry
+
+
+async def test_a_slow_answer_times_out(
+    compat_server: tuple[CompatServer, str], server: CompatServer
+) -> None:
+    engine = make_engine(compat_server[1], openai_timeout_s=0.01)
+    try:
+        (result,) = await engine.generate([SampleRequest(prompt=HAIKU, max_new_tokens=4)])
+    finally:
+        await engine.close()
+    assert isinstance(result, EngineError) and "within 0.01 s" in str(result)
+
+
+async def test_a_row_cancelled_in_flight_returns_at_once(
+    engine: OpenAIEngine, server: CompatServer
+) -> None:
+    row = SampleRequest(prompt=HAIKU, max_new_tokens=4)
+    call = asyncio.create_task(engine.generate([row]))
+    assert await asyncio.to_thread(server.received.wait, 30)
+    row.cancel()
+    (result,) = await call
+    assert ok(result).finish_reason == "cancelled"
+
+
+def test_the_model_name_is_required() -> None:
+    with pytest.raises(ConfigError, match="PONDER_OPENAI_MODEL"):
+        OpenAIEngine(load_settings(engine="openai", openai_model=""))
