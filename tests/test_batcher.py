@@ -576,9 +576,21 @@ async def test_request_flag_cancel_while_buffered_removes_it(make: Make) -> None
     task = asyncio.create_task(batcher.submit(request))
     await settle()
     assert batcher.depth() == 1
-    request.cancel()  # e.g. from the worker's cancel watcher, possibly another thread
+    request.cancel()  # e.g. from the worker's cancel watcher
+    assert batcher.depth() == 0  # at once
     output = await task
     assert output.finish_reason == "cancelled"
+    assert engine.calls == []
+
+
+async def test_request_flag_cancel_from_another_thread(make: Make) -> None:
+    engine, clock = FakeEngine(), FakeClock()
+    batcher = await started(make, engine, max_batch_size=4, adaptive=False, clock=clock)
+    request = req("a")
+    task = asyncio.create_task(batcher.submit(request))
+    await settle()
+    await asyncio.to_thread(request.cancel)
+    assert (await task).finish_reason == "cancelled"
     assert batcher.depth() == 0 and engine.calls == []
 
 

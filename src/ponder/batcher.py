@@ -266,7 +266,14 @@ class DynamicBatcher:
             raise
 
     def _on_request_cancel(self, loop: asyncio.AbstractEventLoop, entry: _Entry) -> None:
-        """``request.cancel()`` may come from any thread: act on it in the loop."""
+        """``request.cancel()`` may come from any thread: act on it in the loop's thread."""
+        try:
+            here = asyncio.get_running_loop()
+        except RuntimeError:
+            here = None
+        if here is loop:
+            self._drop_cancelled(entry)
+            return
         with contextlib.suppress(RuntimeError):  # the loop is closed: nothing waits any more
             loop.call_soon_threadsafe(self._drop_cancelled, entry)
 
