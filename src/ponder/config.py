@@ -119,6 +119,20 @@ class Settings(BaseSettings):
         default_factory=list, description="SHA-256 hex digests of the accepted API keys"
     )
 
+    # --- limits -----------------------------------------------------------------------
+    # Off by default: the default deployment is one trusted local user (loopback, no
+    # keys), and the backlog limit (max_pending, 503 queue_full) already protects the
+    # workers. A shared deployment sets a rate per key, e.g. 20/s with a burst of 40.
+    rate_limit_per_s: float = Field(
+        default=0.0,
+        ge=0,
+        description="requests per second per API key (per client address without auth) "
+        "on /v1 routes; 0 = no rate limit",
+    )
+    rate_limit_burst: int = Field(
+        default=0, ge=0, description="token bucket size (requests at once); 0 = 2 x the rate"
+    )
+
     # --- worker -----------------------------------------------------------------------
     worker_max_tasks: int = Field(default=32, ge=1, description="tasks in flight per worker")
     priority_quotas: Annotated[list[int], NoDecode] = Field(

@@ -1,19 +1,20 @@
-"""Request-scoped dependencies: the app's state and the caller's identity."""
+"""Request-scoped dependencies: the app's state, the caller's identity and rate limit."""
 
 from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from fastapi import Request
+from fastapi import Depends, Request
 
 from ponder.api.errors import ApiError
 from ponder.config import Settings
 from ponder.ids import IdGenerator
+from ponder.ratelimit import RateLimiter, create_rate_limiter, retry_after_s
 from ponder.store.base import TaskStore
 
-__all__ = ["AppState", "get_owner", "get_state"]
+__all__ = ["AppState", "check_rate", "get_owner", "get_state", "rate_limit"]
 
 
 @dataclass
@@ -21,6 +22,11 @@ class AppState:
     settings: Settings
     store: TaskStore
     ids: IdGenerator
+    #: None when rate limits are off (``PONDER_RATE_LIMIT_PER_S=0``)
+    limiter: RateLimiter | None = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.limiter = create_rate_limiter(self.settings, self.store)
 
 
 def get_state(request: Request) -> AppState:
@@ -45,3 +51,29 @@ def get_owner(request: Request) -> str:
     if not any(hmac.compare_digest(digest, known) for known in settings.api_keys):
         raise ApiError(401, "unauthorized", "the API key is not valid")
     return digest
+
+
+async def check_rate(state: AppState, owner: str, address: str | None) -> None:
+    """Take a token from the caller's bucket: its key, or its address when auth is off.
+
+    An empty bucket raises the 429 ``rate_limited`` answer with ``Retry-After`` (whole
+    seconds). For routes that cannot use :func:`rate_limit` (WebSocket handlers).
+    """
+    limiter = state.limiter
+    if limiter is None:
+        return
+    wait_s = await limiter.take(owner or f"addr:{address or 'unknown'}")
+    if wait_s > 0:
+        retry = retry_after_s(wait_s)
+        raise ApiError(
+            429,
+            "rate_limited",
+            f"over the rate limit of {limiter.rate:g} requests/s (burst {limiter.burst}); "
+            f"retry in {retry} s",
+            headers={"Retry-After": str(retry)},
+        )
+
+
+async def rate_limit(request: Request, owner: str = Depends(get_owner)) -> None:
+    """The per-caller rate limit as a dependency (``APIRouter(dependencies=[...])``)."""
+    await check_rate(get_state(request), owner, request.client.host if request.client else None)

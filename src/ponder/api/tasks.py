@@ -9,7 +9,7 @@ from fastapi import APIRouter, Depends, Header, Query
 from fastapi.responses import JSONResponse
 
 from ponder import metrics
-from ponder.api.deps import AppState, get_owner, get_state
+from ponder.api.deps import AppState, get_owner, get_state, rate_limit
 from ponder.api.errors import ApiError
 from ponder.api.schemas import ErrorBody, TaskCreate, TaskList
 from ponder.config import Settings
@@ -21,11 +21,12 @@ from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
 
 __all__ = ["build_task", "cancel_task", "router"]
 
-router = APIRouter(prefix="/v1", tags=["tasks"])
+router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(rate_limit)])
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
 }
+_TASK: dict[int | str, dict[str, Any]] = {200: {"model": Task, "description": "the Task"}}
 _CAS_RETRIES = 10
 
 
@@ -116,7 +117,15 @@ State = Annotated[AppState, Depends(get_state)]
 Owner = Annotated[str, Depends(get_owner)]
 
 
-@router.post("/tasks", status_code=202, responses=_ERRORS)
+@router.post(
+    "/tasks",
+    status_code=202,
+    responses={
+        202: {"model": Task, "description": "the new Task"},
+        200: {"model": Task, "description": "the Task of an earlier request (Idempotency-Key)"},
+        **_ERRORS,
+    },
+)
 async def create_task(
     req: TaskCreate,
     state: State,
@@ -151,13 +160,13 @@ async def create_task(
     )
 
 
-@router.get("/tasks/{task_id}", responses=_ERRORS)
+@router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
 async def get_task(task_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """The task with its samples, result and error."""
     return (await load_task(state.store, task_id, owner)).to_public()
 
 
-@router.delete("/tasks/{task_id}", responses=_ERRORS)
+@router.delete("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
 async def delete_task(task_id: str, state: State, owner: Owner) -> dict[str, Any]:
     """Cancel a pending or running task."""
     return (await cancel_task(state.store, task_id, owner)).to_public()

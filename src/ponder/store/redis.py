@@ -25,10 +25,11 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
-from collections.abc import Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -43,6 +44,10 @@ from ponder.store.base import Claim, Event, TaskStore
 from ponder.types import Task, TaskStatus
 
 __all__ = ["RedisStore"]
+
+log = logging.getLogger("ponder.store")
+
+_T = TypeVar("_T")
 
 GROUP = "workers"
 _STREAM_ID = re.compile(r"^\d+(-\d+)?$")
@@ -221,6 +226,11 @@ class RedisStore(TaskStore):
         self._register = self._r.register_script(_REGISTER)
         self._live = self._r.register_script(_LIVE)
 
+    @property
+    def client(self) -> Redis:
+        """The store's connection pool, for features that live beside it (rate limits)."""
+        return self._r
+
     # --- keys -------------------------------------------------------------------------
     def _task_key(self, task_id: str) -> str:
         return f"{self._prefix}:task:{task_id}"
@@ -245,13 +255,28 @@ class RedisStore(TaskStore):
     # --- lifecycle --------------------------------------------------------------------
     async def start(self) -> None:
         with _unavailable():
-            for p in range(NUM_PRIORITIES):
-                try:
-                    # id 0: entries added before the group existed are delivered too
-                    await self._r.xgroup_create(self._queue_key(p), GROUP, id="0", mkstream=True)
-                except rexc.ResponseError as e:
-                    if "BUSYGROUP" not in str(e):
-                        raise
+            await self._create_groups()
+
+    async def _create_groups(self) -> None:
+        for p in range(NUM_PRIORITIES):
+            try:
+                # id 0: entries added before the group existed are delivered too
+                await self._r.xgroup_create(self._queue_key(p), GROUP, id="0", mkstream=True)
+            except rexc.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    async def _grouped(self, call: Callable[[], Awaitable[_T]]) -> _T:
+        """Run a queue command; if the consumer group is gone (Redis restarted without
+        persistence, or the streams were deleted), recreate the groups and run it again."""
+        try:
+            return await call()
+        except rexc.ResponseError as e:
+            if not str(e).startswith("NOGROUP"):
+                raise
+        log.warning("the consumer groups are gone (Redis restarted empty?); recreating them")
+        await self._create_groups()
+        return await call()
 
     async def close(self) -> None:
         await self._r.aclose()
@@ -405,15 +430,17 @@ class RedisStore(TaskStore):
         _check_priorities(priorities)
         keys = [self._queue_key(p) for p in priorities]
         with _unavailable():
-            hit = await self._claim(keys=keys, args=[GROUP, consumer])
+            hit = await self._grouped(lambda: self._claim(keys=keys, args=[GROUP, consumer]))
         if hit:
             return Claim(hit[2], priorities[hit[0] - 1], hit[1])
         if block_ms <= 0:  # BLOCK 0 would wait forever
             return None
         with _unavailable():
             async with asyncio.timeout(block_ms / 1000 + self._timeout):
-                reply: Any = await self._rb.xreadgroup(
-                    GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                reply: Any = await self._grouped(
+                    lambda: self._rb.xreadgroup(
+                        GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                    )
                 )
         got = {
             keys.index(key): Claim(fields["task"], priorities[keys.index(key)], entry_id)
@@ -433,7 +460,7 @@ class RedisStore(TaskStore):
         keys = [self._queue_key(p) for p in range(NUM_PRIORITIES)]
         args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
         with _unavailable():
-            taken = await self._reclaim(keys=keys, args=args)
+            taken = await self._grouped(lambda: self._reclaim(keys=keys, args=args))
         return [Claim(task_id, int(p), entry_id) for p, entry_id, task_id in taken]
 
     async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
@@ -442,7 +469,8 @@ class RedisStore(TaskStore):
             return
         keys = [self._queue_key(c.priority) for c in claims]
         with _unavailable():
-            await self._renew(keys=keys, args=[GROUP, consumer, *(c.receipt for c in claims)])
+            args = [GROUP, consumer, *(c.receipt for c in claims)]
+            await self._grouped(lambda: self._renew(keys=keys, args=args))
 
     async def ack(self, claim: Claim) -> None:
         key = self._queue_key(claim.priority)
