@@ -12,7 +12,7 @@ import pytest
 from ponder.api.schemas import TaskCreate
 from ponder.api.tasks import build_task, cancel_task
 from ponder.batcher import DynamicBatcher
-from ponder.config import Settings
+from ponder.config import Settings, load_settings
 from ponder.engines.base import SampleRequest
 from ponder.engines.scripted import ScriptedEngine
 from ponder.ids import IdGenerator
@@ -82,7 +82,7 @@ async def make_harness(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
     made: list[Harness] = []
 
     async def make(**overrides: Any) -> Harness:
-        s = settings.model_copy(update=overrides)
+        s = load_settings(**{**settings.model_dump(), **overrides})
         store = create_store(s)
         await store.start()
         engine = RecordingEngine()
@@ -107,18 +107,65 @@ async def h(make_harness: Callable[..., Any]) -> Harness:
 
 async def test_standard_task_is_voted(h: Harness) -> None:
     h.start_worker()
-    task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]")
+    task = await h.submit("What is 6*7? [[answers: 42, 17, 42]]")
     done = await h.wait(task.id)
     assert done.status == TaskStatus.done
-    assert done.samples_planned == 3 and done.samples_done == 3
+    assert done.task_type == "math"  # auto, inferred from the prompt
+    assert done.samples_planned == 3 and done.samples_done == 3 and done.samples_used == 3
     assert done.result is not None
     assert done.result.answer == "42"
     assert done.result.votes == {"42": 2, "17": 1}
-    assert done.result.agreement == pytest.approx(2 / 3)
-    assert done.result.chosen_sample in (0, 1)
+    assert done.result.agreement == pytest.approx(2 / 3, abs=1e-3)
+    assert done.result.chosen_sample in (0, 2)
     assert done.usage.completion_tokens > 0
     assert done.started_at is not None and done.finished_at is not None
     assert len({s.seed for s in done.samples}) == 3
+    assert all(s.confidence is not None and 0 <= s.confidence <= 1 for s in done.samples)
+
+
+async def test_early_stop_skips_samples_once_decided(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]")
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert [s.status for s in done.samples] == ["done", "done", "skipped"]
+    assert done.samples_used == 2
+    assert done.result is not None and done.result.votes == {"42": 2}
+    assert sorted(r.sample_index for r in h.engine.requests) == [0, 1]
+
+
+async def test_without_early_stop_every_sample_runs(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(modes={"standard": {"early_stop": False}})
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]")
+    done = await h.wait(task.id)
+    assert done.samples_used == 3
+    assert done.result is not None and done.result.votes == {"42": 2, "17": 1}
+
+
+async def test_deep_mode_is_progressive_and_multi_path(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("How many legs do 3 cats have? [[answers: 12, 12, 12, 12, 12]]",
+                          mode="deep", priority=4)  # fmt: skip
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert {s.path for s in done.samples} == {"cot", "decompose", "pot"}
+    assert done.preliminary is not None and done.preliminary.answer == "12"
+    assert done.result is not None and done.result.answer == "12"
+    first = [r for r in h.engine.requests if r.sample_index == 0]
+    assert first and first[0].priority == 2  # promoted by two levels
+    events = await h.store.read_events(task.id, None, limit=100)
+    names = [e.event for e in events]
+    assert names.index("preliminary") < names.index("result")
+    assert done.result.clarification is None
+
+
+async def test_deep_mode_disagreement_asks_a_question(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("Which one? [[answers: 1, 2, 3, 4, 5]]", mode="deep", task_type="text")
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert done.result is not None and done.result.clarification
 
 
 async def test_engine_error_fails_the_task(h: Harness) -> None:
@@ -135,6 +182,7 @@ async def test_some_failed_samples_give_partial_done(h: Harness) -> None:
     task = await h.submit("[[answers: 42, fail, 42]]")
     ended = await h.wait(task.id)
     assert ended.status == TaskStatus.partial_done
+    assert ended.samples_used == 3
     assert ended.result is not None and ended.result.answer == "42"
     assert [s.status for s in ended.samples].count(SampleStatus.error) == 1
 
@@ -142,9 +190,11 @@ async def test_some_failed_samples_give_partial_done(h: Harness) -> None:
 async def test_sample_timeout_is_partial(make_harness: Callable[..., Any]) -> None:
     # One row per batch, batches side by side: the hanging row holds only its own batch
     # (in one batch, every row waits for the slowest, as on a real accelerator).
-    h: Harness = await make_harness(batch_max_size=1, batch_max_concurrent=3)
+    h: Harness = await make_harness(
+        batch_max_size=1, batch_max_concurrent=3, modes={"standard": {"sample_timeout_s": 0.3}}
+    )
     h.start_worker()
-    task = await h.submit("[[answers: 7, hang, 7]]", timeout_s=0.5)
+    task = await h.submit("[[answers: 7, hang, 7]]")
     ended = await h.wait(task.id)
     assert ended.status == TaskStatus.partial_done
     assert [s.status for s in ended.samples] == [
@@ -192,7 +242,7 @@ async def test_cancel_running_task_stops_engine_work(h: Harness) -> None:
 
 async def test_reclaimed_task_reruns_only_missing_samples(make_harness: Callable[..., Any]) -> None:
     h: Harness = await make_harness(lease_s=0.2)
-    task = await h.submit("[[answers: 5, 5, 5]]")
+    task = await h.submit("[[answers: 5, 6, 5]]")
     # A worker that dies after one sample: it claimed, started and saved one sample.
     claim = await h.store.claim("dead-worker", [0, 1, 2, 3, 4, 5], 100)
     assert claim is not None and claim.task_id == task.id

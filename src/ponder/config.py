@@ -5,6 +5,7 @@ Every field has a default and a description; cross-field checks say what to chan
 
 from __future__ import annotations
 
+import base64
 import itertools
 import os
 import socket
@@ -12,7 +13,14 @@ from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any
 
-from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    Field,
+    SecretStr,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
 from ponder.errors import ConfigError
@@ -40,6 +48,32 @@ class ModeConfig(BaseModel):
     sample_timeout_s: float = Field(gt=0, description="one sample's time limit")
     task_timeout_s: float = Field(gt=0, description="the whole task's time limit")
     max_timeout_s: float = Field(gt=0, description="the most timeout_s a request may ask for")
+    early_stop: bool = Field(
+        default=False, description="stop sampling once the vote cannot change (skipped samples)"
+    )
+    paths: list[str] = Field(
+        default_factory=lambda: ["cot"],
+        description="reasoning paths the samples are spread over: cot, decompose, pot",
+    )
+    progressive: bool = Field(
+        default=False,
+        description="first sample at a promoted priority; a preliminary answer when it ends",
+    )
+    clarify: bool = Field(
+        default=False, description="ask a clarifying question when the paths disagree"
+    )
+
+    def temperature_for(self, samples: int) -> float:
+        """Temperatures fall slightly as N grows: -4% per sample beyond 3, at most -40%."""
+        return round(self.temperature * max(0.6, 1 - 0.04 * max(0, samples - 3)), 4)
+
+    @field_validator("paths")
+    @classmethod
+    def _check_paths(cls, value: list[str]) -> list[str]:
+        unknown = set(value) - {"cot", "decompose", "pot"}
+        if not value or unknown:
+            raise ValueError(f"paths must be a non-empty list of cot, decompose, pot; got {value}")
+        return value
 
     @model_validator(mode="after")
     def _check_caps(self) -> ModeConfig:
@@ -66,10 +100,12 @@ def default_modes() -> dict[Mode, ModeConfig]:
         Mode.standard: ModeConfig(
             samples=3, max_samples=8, temperature=0.5, max_new_tokens=1024,
             max_max_new_tokens=2048, sample_timeout_s=60, task_timeout_s=300, max_timeout_s=600,
+            early_stop=True,
         ),
         Mode.deep: ModeConfig(
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
+            early_stop=True, paths=["cot", "decompose", "pot"], progressive=True, clarify=True,
         ),
     }  # fmt: skip
 
@@ -146,6 +182,23 @@ class Settings(BaseSettings):
     shutdown_grace_s: float = Field(default=10.0, ge=0)
     modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
 
+    # --- enhancement ------------------------------------------------------------------
+    vote_weight: float = Field(default=0.7, ge=0, le=1, description="w_vote: weight of the share")
+    confidence_weight: float = Field(
+        default=0.3, ge=0, le=1, description="w_conf: weight of the group's mean confidence"
+    )
+    early_stop_window: int = Field(
+        default=3, ge=2, description="ESC window: this many unanimous answers end sampling"
+    )
+    clarify_below: float = Field(
+        default=0.5, ge=0, le=1, description="deep mode asks a clarifying question below this"
+    )
+    promote_first_by: int = Field(
+        default=2, ge=0, le=5, description="deep mode: priority levels the first sample gains"
+    )
+    sandbox_timeout_s: float = Field(default=5.0, gt=0, description="program/test run limit")
+    sandbox_memory_mb: int = Field(default=256, ge=32, description="program/test memory limit")
+
     # --- batcher ----------------------------------------------------------------------
     batch_max_size: int = Field(default=8, ge=1, description="requests per engine call")
     batch_max_wait_ms: float = Field(
@@ -185,6 +238,27 @@ class Settings(BaseSettings):
         description="scripted engine latency per batch: base,per_item (ms)",
     )
 
+    # --- result channels: events and webhooks ------------------------------------------
+    events_keepalive_s: float = Field(
+        default=15.0, gt=0, description="SSE keep-alive comment interval (also the WS idle tick)"
+    )
+    webhook_secret: SecretStr | None = Field(
+        default=None,
+        description="signing secret `whsec_<base64>`; needed to accept tasks with callback_url",
+    )
+    webhook_retry_s: Annotated[list[float], NoDecode] = Field(
+        default_factory=lambda: [5.0, 30.0, 120.0, 600.0, 1800.0, 7200.0],
+        description="delays before each webhook retry (s); its length is the number of retries",
+    )
+    webhook_timeout_s: float = Field(default=10.0, gt=0, description="one delivery attempt")
+    webhook_max_response_bytes: int = Field(
+        default=65_536, ge=0, description="most of a receiver's answer read back"
+    )
+    callback_allow_private: bool = Field(
+        default=False,
+        description="accept callback URLs on loopback/private/link-local addresses (tests)",
+    )
+
     @field_validator("api_keys", mode="before")
     @classmethod
     def _parse_keys(cls, value: Any) -> Any:
@@ -201,7 +275,13 @@ class Settings(BaseSettings):
                 )
         return value
 
-    @field_validator("priority_quotas", "scripted_batch_ms", "batch_bucket_edges", mode="before")
+    @field_validator(
+        "priority_quotas",
+        "scripted_batch_ms",
+        "batch_bucket_edges",
+        "webhook_retry_s",
+        mode="before",
+    )
     @classmethod
     def _parse_numbers(cls, value: Any) -> Any:
         return _split_csv(value)
@@ -225,6 +305,30 @@ class Settings(BaseSettings):
     def _check_edges(cls, value: list[int]) -> list[int]:
         if any(b <= a for a, b in itertools.pairwise(value)) or any(v < 1 for v in value):
             raise ValueError("give increasing positive integers, e.g. 64,256,1024")
+        return value
+
+    @field_validator("webhook_retry_s")
+    @classmethod
+    def _check_retry_delays(cls, value: list[float]) -> list[float]:
+        if any(not 0 <= v < float("inf") for v in value):
+            raise ValueError("give non-negative delays in seconds, e.g. 5,30,120,600,1800,7200")
+        return value
+
+    @field_validator("webhook_secret")
+    @classmethod
+    def _check_webhook_secret(cls, value: SecretStr | None) -> SecretStr | None:
+        if value is None or not value.get_secret_value():
+            return None
+        raw = value.get_secret_value()
+        try:
+            body = raw.removeprefix("whsec_")
+            key = base64.b64decode(body + "=" * (-len(body) % 4), validate=True)
+        except ValueError:
+            key = b""
+        if not raw.startswith("whsec_") or not key:
+            raise ValueError(
+                "give a secret of the form whsec_<base64>; `ponder keys webhook-secret` prints one"
+            )
         return value
 
     @field_validator("modes", mode="before")

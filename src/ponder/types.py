@@ -83,6 +83,11 @@ class Sample(BaseModel):
     error: TaskError | None = None
     finish_reason: str | None = None
     mean_logprob: float | None = None
+    #: program-of-thought: what the sample's program printed
+    program_output: str | None = None
+    #: code tasks with tests: how many tests the candidate passed / failed
+    tests_passed: int | None = None
+    tests_failed: int | None = None
 
 
 class Result(BaseModel):
@@ -130,6 +135,8 @@ class Task(BaseModel):
     finished_at: datetime | None = None
     samples_planned: int = 0
     samples_done: int = 0
+    #: samples that ran (finished, failed or timed out); fewer than planned after early stop
+    samples_used: int = 0
     samples: list[Sample] = Field(default_factory=list)
     preliminary: Result | None = None
     result: Result | None = None

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import logging
 import time
 from collections.abc import Sequence
@@ -19,9 +18,18 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from ponder import metrics
-from ponder.config import Settings
+from ponder.config import ModeConfig, Settings
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.enhance import extract_answer, fuse_samples
+from ponder.enhance.strategy import (
+    clarification_messages,
+    decided,
+    first_wave,
+    fuse,
+    judge_sample,
+    plan_samples,
+    resolve_task_type,
+    sample_messages,
+)
 from ponder.errors import BatcherFull, EngineError, RecoverableError, StoreUnavailable
 from ponder.scheduling import WeightedFairPicker
 from ponder.states import check_transition, is_terminal
@@ -51,20 +59,6 @@ class SampleRunner(Protocol):
 
 class TaskAbandoned(Exception):
     """The task was cancelled, or taken over by another worker, while this one ran it."""
-
-
-def sample_seed(task_id: str, index: int) -> int:
-    """A stable seed per sample: reruns after a crash draw the same samples."""
-    digest = hashlib.sha256(f"{task_id}:{index}".encode()).digest()
-    return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
-
-
-def plan_samples(task: Task) -> list[Sample]:
-    """The samples of a task: ``samples_planned`` of them at the task's temperature."""
-    return [
-        Sample(index=i, path="cot", temperature=task.temperature, seed=sample_seed(task.id, i))
-        for i in range(task.samples_planned)
-    ]
 
 
 @dataclass
@@ -244,6 +238,10 @@ class TaskRun:
         self.claim = claim
         self.task: Task
 
+    @property
+    def mode(self) -> ModeConfig:
+        return self.settings.mode(self.task.mode)
+
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
         task = await self.store.get_task(self.claim.task_id)
@@ -281,7 +279,8 @@ class TaskRun:
             task.status = TaskStatus.running
             task.started_at = utcnow()
         if not task.samples:
-            task.samples = plan_samples(task)
+            task.task_type = resolve_task_type(task)
+            task.samples = plan_samples(task, self.mode)
         for sample in task.samples:  # a reclaimed task reruns only unfinished samples
             if sample.status != SampleStatus.done:
                 sample.status = SampleStatus.queued
@@ -294,47 +293,90 @@ class TaskRun:
         return time.monotonic() + max(0.0, self.task.timeout_s - elapsed)
 
     async def _run_samples(self) -> None:
+        """Run the queued samples in waves until they end, the vote is decided or the
+        deadline passes; save after every finished sample."""
+        task, mode = self.task, self.mode
         deadline = self._deadline()
+        queued = [s for s in task.samples if s.status == SampleStatus.queued]
         jobs: dict[asyncio.Task[None], Sample] = {}
-        for sample in self.task.samples:
-            if sample.status == SampleStatus.queued:
+
+        def launch(count: int) -> None:
+            count = max(0, count)
+            for sample in queued[:count]:
+                sample.status = SampleStatus.running
                 jobs[asyncio.create_task(self._run_sample(sample))] = sample
+            del queued[:count]
+
+        wave = first_wave(len(task.samples), mode, self.settings.early_stop_window)
+        launch(wave - self._ran())
         try:
-            pending = set(jobs)
-            while pending:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    break
-                done, pending = await asyncio.wait(
-                    pending, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
+            while jobs and (remaining := deadline - time.monotonic()) > 0:
+                done, _ = await asyncio.wait(
+                    jobs, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
+                events: list[tuple[str, dict[str, Any]]] = []
                 for job in done:
                     job.result()
-                if done:
-                    self._count()
-                    await self._save([("sample", jobs[j].model_dump(mode="json")) for j in done])
+                    events.append(("sample", jobs.pop(job).model_dump(mode="json")))
+                if not done:
+                    break
+                events += self._preliminary()
+                if mode.early_stop and decided(
+                    task.samples, task.task_type, self.settings.early_stop_window
+                ):
+                    for job, sample in jobs.items():
+                        sample.status = SampleStatus.skipped
+                        job.cancel()
+                    for sample in queued:
+                        sample.status = SampleStatus.skipped
+                    queued.clear()
+                elif not jobs:
+                    launch(len(queued))  # the first wave left the vote open
+                else:  # replace the wave's failed samples at once
+                    launch(wave - self._answered() - len(jobs))
+                self._count()
+                await self._save(events)
         finally:
             for job in jobs:
                 job.cancel()
             await asyncio.gather(*jobs, return_exceptions=True)
-        for sample in self.task.samples:  # the task deadline passed before these ended
+        for sample in task.samples:  # the task deadline passed before these ended
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(code="timeout", message="the task deadline passed")
 
+    def _answered(self) -> int:
+        return sum(s.status == SampleStatus.done for s in self.task.samples)
+
+    def _ran(self) -> int:
+        """Samples already finished (a reclaimed task keeps them) count toward the wave."""
+        return sum(s.status != SampleStatus.queued for s in self.task.samples)
+
+    def _preliminary(self) -> list[tuple[str, dict[str, Any]]]:
+        """Progressive modes: the first finished sample gives a preliminary answer."""
+        task = self.task
+        if not self.mode.progressive or task.preliminary is not None:
+            return []
+        fusion = fuse(task.samples, task.task_type, self.settings)
+        if fusion is None:
+            return []
+        task.preliminary = fusion.result
+        return [("preliminary", fusion.result.model_dump(mode="json"))]
+
     async def _run_sample(self, sample: Sample) -> None:
         task = self.task
+        promoted = self.mode.progressive and sample.index == 0
         request = SampleRequest(
-            prompt=task.prompt,
-            messages=task.messages,
+            messages=sample_messages(task, sample),
             temperature=sample.temperature,
             max_new_tokens=task.max_new_tokens,
             seed=sample.seed,
             sample_index=sample.index,
-            priority=task.priority,
+            priority=max(0, task.priority - self.settings.promote_first_by)
+            if promoted
+            else task.priority,
             task_id=task.id,
         )
-        sample.status = SampleStatus.running
         started = time.monotonic()
         try:
             output = await asyncio.wait_for(self._submit(request), task.sample_timeout_s)
@@ -351,13 +393,13 @@ class TaskRun:
             request.cancel()
             raise
         else:
-            sample.status = SampleStatus.done
             sample.text = output.text
-            sample.answer = extract_answer(output.text)
             sample.tokens = Tokens(prompt=output.prompt_tokens, completion=output.completion_tokens)
             sample.finish_reason = output.finish_reason
             sample.mean_logprob = output.mean_logprob
             metrics.TOKENS_GENERATED.inc(output.completion_tokens)
+            await judge_sample(sample, task, self.settings)
+            sample.status = SampleStatus.done
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)
@@ -375,14 +417,18 @@ class TaskRun:
     def _count(self) -> None:
         task = self.task
         task.samples_done = sum(s.status == SampleStatus.done for s in task.samples)
+        task.samples_used = sum(
+            s.status in (SampleStatus.done, SampleStatus.error, SampleStatus.timeout)
+            for s in task.samples
+        )
         task.usage.prompt_tokens = sum(s.tokens.prompt for s in task.samples)
         task.usage.completion_tokens = sum(s.tokens.completion for s in task.samples)
 
     async def _finish(self) -> None:
         task = self.task
         self._count()
-        result = fuse_samples(task.samples)
-        if result is None:
+        fusion = fuse(task.samples, task.task_type, self.settings, clarify=self.mode.clarify)
+        if fusion is None:
             timed_out = all(s.status == SampleStatus.timeout for s in task.samples)
             errors = [s.error.message for s in task.samples if s.error is not None]
             if timed_out:
@@ -392,9 +438,28 @@ class TaskRun:
                     "engine_error", errors[0] if errors else "no sample finished"
                 )
             return
-        complete = task.samples_done == len(task.samples)
-        task.result = result
+        if fusion.contested:
+            fusion.result.clarification = await self._clarify(fusion.contested)
+        task.result = fusion.result
+        complete = all(s.status in (SampleStatus.done, SampleStatus.skipped) for s in task.samples)
         await self._end(TaskStatus.done if complete else TaskStatus.partial_done)
+
+    async def _clarify(self, contested: list[str]) -> str:
+        """Ask the model for one question that would settle the disagreement."""
+        fallback = "The answers disagree (" + ", ".join(contested) + "). Which did you mean?"
+        request = SampleRequest(
+            messages=clarification_messages(self.task, contested),
+            temperature=0.0,
+            max_new_tokens=64,
+            priority=self.task.priority,
+            task_id=self.task.id,
+        )
+        try:
+            output = await asyncio.wait_for(self._submit(request), self.task.sample_timeout_s)
+        except (TimeoutError, EngineError):
+            request.cancel()
+            return fallback
+        return output.text.strip() or fallback
 
     async def _finish_failed(self, code: str, message: str) -> None:
         self.task.error = TaskError(code=code, message=message)

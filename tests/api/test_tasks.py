@@ -26,7 +26,7 @@ def assert_error(response: httpx.Response, status: int, code: str) -> dict[str, 
 async def test_submit_poll_result(client: httpx.AsyncClient) -> None:
     response = await client.post(
         "/v1/tasks",
-        json={"prompt": "What is 17 * 24? [[answers: 408, 408, 418]]", "metadata": {"user": "42"}},
+        json={"prompt": "What is 17 * 24? [[answers: 408, 418, 408]]", "metadata": {"user": "42"}},
     )
     assert response.status_code == 202
     task = response.json()

@@ -1,7 +1,7 @@
-"""Answer extraction, voting and fusion of a task's samples into one result."""
+"""Inference-time enhancement: answer extraction and equivalence, the vote, strategies."""
 
 from __future__ import annotations
 
-from ponder.enhance.voting import extract_answer, fuse_samples
+from ponder.enhance.answers import extract_answer, same_answer
 
-__all__ = ["extract_answer", "fuse_samples"]
+__all__ = ["extract_answer", "same_answer"]
