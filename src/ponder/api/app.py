@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ponder import __version__
-from ponder.api import ops, tasks
+from ponder.api import events, openai_compat, ops, tasks
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
@@ -56,5 +56,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     app.include_router(tasks.router)
+    app.include_router(events.router)
+    app.include_router(openai_compat.router)
     app.include_router(ops.router)
     return app

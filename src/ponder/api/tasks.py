@@ -18,6 +18,7 @@ from ponder.ids import parse_task_id
 from ponder.states import is_terminal
 from ponder.store.base import TaskStore
 from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
+from ponder.webhooks import check_callback_url
 
 __all__ = ["build_task", "cancel_task", "router"]
 
@@ -135,6 +136,18 @@ async def create_task(
     """Submit a task; answers 202 at once with the Task (200 for an idempotent repeat)."""
     settings = state.settings
     task = build_task(req, settings, task_id=state.ids.new_id(), owner=owner)
+    if req.callback_url is not None:
+        if settings.webhook_secret is None:
+            raise ApiError(
+                422,
+                "invalid",
+                "callback_url: this service has no webhook signing secret; its operator must "
+                "set PONDER_WEBHOOK_SECRET (`ponder keys webhook-secret` prints one)",
+            )
+        try:
+            await check_callback_url(str(req.callback_url), settings.callback_allow_private)
+        except ValueError as e:
+            raise ApiError(422, "invalid", str(e)) from e
     try:
         stored, created = await state.store.create_task(
             task,

@@ -1,0 +1,212 @@
+"""A task's events: ``GET /v1/tasks/{id}/events`` (SSE) and ``/v1/tasks/{id}/ws``.
+
+Both follow the task's event log (``status``, ``sample``, ``preliminary``, ``result``),
+which the store writes atomically with each state change, so they work the same in the
+embedded store and across processes over Redis. Every event carries its log id: a
+client that reconnects with ``Last-Event-ID`` (header, or ``?last_event_id=``) gets
+exactly the events after it. A stream ends after the event that carries a terminal
+status; connecting to a finished task replays its events and ends.
+
+Waiting is a blocking read of the log (``read_events(block_ms=…)``), never polling; when
+it times out the SSE stream sends a keep-alive comment. A stream holds at most one page
+of events in memory and writes it only as fast as the client reads (the ASGI server's
+flow control), and it stops as soon as the client disconnects.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+from collections.abc import AsyncIterator
+from typing import Annotated, Any, cast
+
+from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.websockets import WebSocketState
+
+from ponder.api.deps import AppState, get_owner, get_state
+from ponder.api.errors import ApiError, error_response
+from ponder.api.schemas import ErrorBody
+from ponder.api.tasks import load_task
+from ponder.errors import RecoverableError, StoreUnavailable
+from ponder.states import is_terminal
+from ponder.store.base import Event, TaskStore
+from ponder.types import TaskStatus
+
+__all__ = ["follow_events", "format_sse", "is_final", "router"]
+
+log = logging.getLogger("ponder.api")
+
+router = APIRouter(prefix="/v1", tags=["tasks"])
+
+_TERMINAL = frozenset(s.value for s in TaskStatus if is_terminal(s))
+_PAGE = 100
+_MAX_EVENT_ID = 64
+_SSE_RETRY_MS = 1000
+_WS_NORMAL, _WS_ERROR = 1000, 1011
+
+_ERRORS: dict[int | str, dict[str, Any]] = {
+    code: {"model": ErrorBody} for code in (401, 404, 422, 503)
+}
+
+
+def is_final(event: Event) -> bool:
+    """True for the event that carries a terminal status (the last one of a task)."""
+    return event.event in ("status", "result") and event.data.get("status") in _TERMINAL
+
+
+async def follow_events(
+    store: TaskStore, task_id: str, after: str | None, *, idle_s: float
+) -> AsyncIterator[Event | None]:
+    """The task's events after ``after``, oldest first, as they are written.
+
+    Yields None after each ``idle_s`` without an event (a keep-alive tick). Ends after
+    the terminal event, or when the task is terminal or gone and no event follows
+    ``after`` (a client that already has everything).
+    """
+    idle_ms = max(1, int(idle_s * 1000))
+    block_ms = 0  # the first read does not wait: a finished task's stream ends at once
+    ended = False
+    while True:
+        events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
+        for event in events:
+            yield event
+            after = event.id
+            if is_final(event):
+                return
+        if events:
+            continue
+        if ended:
+            return
+        task = await store.get_task(task_id)
+        if task is None or is_terminal(task.status):
+            ended, block_ms = True, 0  # one more read: the final event may have just landed
+            continue
+        if block_ms:
+            yield None  # a whole idle interval without an event
+        block_ms = idle_ms
+
+
+def format_sse(event: Event) -> bytes:
+    """One SSE message: ``id``, ``event`` and the data as one JSON line."""
+    data = json.dumps(event.data, separators=(",", ":"))
+    return f"id: {event.id}\nevent: {event.event}\ndata: {data}\n\n".encode()
+
+
+def _start_after(*candidates: str | None) -> str | None:
+    for value in candidates:
+        if value:
+            if len(value) > _MAX_EVENT_ID:
+                raise ApiError(422, "invalid", f"Last-Event-ID: over {_MAX_EVENT_ID} characters")
+            return value
+    return None
+
+
+async def _sse_stream(
+    store: TaskStore, task_id: str, after: str | None, idle_s: float
+) -> AsyncIterator[bytes]:
+    yield f"retry: {_SSE_RETRY_MS}\n\n".encode()
+    try:
+        async for event in follow_events(store, task_id, after, idle_s=idle_s):
+            yield b": keep-alive\n\n" if event is None else format_sse(event)
+    except RecoverableError as e:
+        # Headers are sent: end the stream; the client resumes with Last-Event-ID.
+        log.warning("events of task %s: %s", task_id, e)
+
+
+State = Annotated[AppState, Depends(get_state)]
+Owner = Annotated[str, Depends(get_owner)]
+
+
+@router.get(
+    "/tasks/{task_id}/events",
+    responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
+    response_class=StreamingResponse,
+)
+async def task_events(
+    task_id: str,
+    state: State,
+    owner: Owner,
+    last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
+    last_event_id: Annotated[str | None, Query(description="resume after this event")] = None,
+) -> StreamingResponse:
+    """Server-Sent Events of the task: ``status``, ``sample``, ``preliminary``, ``result``.
+
+    Resume with the ``Last-Event-ID`` header (or ``?last_event_id=``). The stream ends
+    after the terminal event; a ``: keep-alive`` comment is sent while nothing happens.
+    """
+    after = _start_after(last_event_id_header, last_event_id)
+    await load_task(state.store, task_id, owner)
+    return StreamingResponse(
+        _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s),
+        media_type="text/event-stream",
+        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    )
+
+
+# --- WebSocket ------------------------------------------------------------------------
+async def _deny(websocket: WebSocket, response: JSONResponse, status: int, message: str) -> None:
+    """Refuse the handshake with the HTTP error envelope where the server allows it."""
+    if "websocket.http.response" in websocket.scope.get("extensions", {}):
+        await websocket.send_denial_response(response)
+    else:  # close codes 4000 + HTTP status, a common convention
+        await websocket.close(code=4000 + status, reason=message[:120])
+
+
+async def _until_disconnect(websocket: WebSocket) -> None:
+    """Read (and ignore) what the client sends until it goes away."""
+    while True:
+        message = await websocket.receive()
+        if message["type"] == "websocket.disconnect":
+            return
+
+
+async def _ws_pump(websocket: WebSocket, store: TaskStore, task_id: str, after: str | None,
+                   idle_s: float) -> None:  # fmt: skip
+    async for event in follow_events(store, task_id, after, idle_s=idle_s):
+        if event is not None:  # the protocol's own pings keep an idle connection alive
+            await websocket.send_json({"event": event.event, "id": event.id, "data": event.data})
+
+
+@router.websocket("/tasks/{task_id}/ws")
+async def task_websocket(
+    websocket: WebSocket,
+    task_id: str,
+    last_event_id: Annotated[str | None, Query()] = None,
+) -> None:
+    """The same events as JSON messages ``{"event", "id", "data"}``; closed with 1000
+    after the terminal event. Resume with ``?last_event_id=`` (or a Last-Event-ID header)."""
+    state: AppState = websocket.app.state.ponder
+    try:
+        # get_owner reads only the app state and the headers, which a WebSocket has too
+        owner = get_owner(cast(Request, websocket))
+        after = _start_after(websocket.headers.get("last-event-id"), last_event_id)
+        await load_task(state.store, task_id, owner)
+    except ApiError as e:
+        await _deny(websocket, error_response(e.status, e.code, e.message), e.status, e.message)
+        return
+    except StoreUnavailable:
+        message = "the task store cannot be reached; retry later"
+        await _deny(websocket, error_response(503, "unavailable", message), 503, message)
+        return
+    await websocket.accept()
+    idle_s = state.settings.events_keepalive_s
+    pump = asyncio.create_task(_ws_pump(websocket, state.store, task_id, after, idle_s))
+    watch = asyncio.create_task(_until_disconnect(websocket))
+    try:
+        await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for job in (pump, watch):
+            job.cancel()
+        await asyncio.gather(pump, watch, return_exceptions=True)
+    if watch.done() and not watch.cancelled():
+        return  # the client left
+    code = _WS_NORMAL
+    if not pump.cancelled() and (error := pump.exception()) is not None:
+        log.warning("websocket events of task %s: %s", task_id, error)
+        code = _WS_ERROR
+    if websocket.application_state == WebSocketState.CONNECTED:
+        with contextlib.suppress(RuntimeError, OSError):
+            await websocket.close(code=code)

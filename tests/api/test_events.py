@@ -1,0 +1,292 @@
+"""SSE and WebSocket event streams, on both stores and across processes over Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import httpx
+import pytest
+import websockets
+from websockets.exceptions import InvalidStatus
+
+from ponder.config import Settings
+from tests.conftest import LiveServer, wait_for_task
+
+pytestmark = pytest.mark.timeout(60)
+
+Event = tuple[str, str, dict[str, Any]]  # (id, event, data)
+
+
+async def sse_events(response: httpx.Response) -> AsyncIterator[Event | str]:
+    """Parse an SSE body: events as (id, name, data); comments as their text."""
+    event_id, name, data = "", "message", []
+    async for line in response.aiter_lines():
+        if line.startswith(":"):
+            yield line
+        elif line.startswith("id: "):
+            event_id = line[4:]
+        elif line.startswith("event: "):
+            name = line[7:]
+        elif line.startswith("data: "):
+            data.append(line[6:])
+        elif not line and data:
+            yield event_id, name, json.loads("\n".join(data))
+            event_id, name, data = "", "message", []
+
+
+async def read_stream(
+    client: httpx.AsyncClient, task_id: str, headers: dict[str, str] | None = None
+) -> list[Event]:
+    """Every event of one connection, until the server ends the stream."""
+    async with client.stream("GET", f"/v1/tasks/{task_id}/events", headers=headers) as r:
+        assert r.status_code == 200, await r.aread()
+        assert r.headers["content-type"].startswith("text/event-stream")
+        assert r.headers["cache-control"] == "no-cache"
+        return [e async for e in sse_events(r) if not isinstance(e, str)]
+
+
+def check_story(events: list[Event], samples: int, final: str = "done") -> None:
+    """The events of one task, in order: pending, running, samples, result."""
+    names = [name for _, name, _ in events]
+    assert names[:2] == ["status", "status"]
+    assert [d["status"] for _, n, d in events if n == "status"][:2] == ["pending", "running"]
+    assert names.count("sample") == samples
+    assert names[-1] == "result" and events[-1][2]["status"] == final
+    ids = [i for i, _, _ in events]
+    assert len(set(ids)) == len(ids) and all(ids)
+
+
+async def test_sse_follows_a_task_to_its_end(client: httpx.AsyncClient) -> None:
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 4, 4, 5]]"})).json()
+    events = await read_stream(client, task["id"])
+    check_story(events, samples=3)
+    result = events[-1][2]
+    assert result["id"] == task["id"] and result["result"]["answer"] == "4"
+    assert {d["index"] for _, n, d in events if n == "sample"} == {0, 1, 2}
+
+
+async def test_sse_replays_a_finished_task_and_resumes_after_any_id(
+    client: httpx.AsyncClient,
+) -> None:
+    task = (
+        await client.post("/v1/tasks", json={"prompt": "[[answers: 1]]", "mode": "fast"})
+    ).json()
+    await wait_for_task(client, task["id"])
+    everything = await read_stream(client, task["id"])
+    check_story(everything, samples=1)
+    assert await read_stream(client, task["id"]) == everything  # replay is stable
+    for cut in range(len(everything)):
+        last_id = everything[cut][0]
+        rest = await read_stream(client, task["id"], {"Last-Event-ID": last_id})
+        assert rest == everything[cut + 1 :]
+    # the query parameter works as the header does (for clients that cannot set headers)
+    r = await client.get(
+        f"/v1/tasks/{task['id']}/events", params={"last_event_id": everything[0][0]}
+    )
+    assert r.text.count("event: ") == len(everything) - 1
+
+
+async def test_sse_client_disconnects_midway_and_resumes(settings: Settings) -> None:
+    """One sample at a time: the client leaves after the first one, resumes, and gets
+    every later event exactly once."""
+    slow = settings.model_copy(update={"batch_max_size": 1})
+    async with LiveServer(slow, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
+        body = {"prompt": "[[answers: 1, 1, 2, 1, 1]] [[sleep_ms: 60]]", "samples": 5}
+        task = (await c.post("/v1/tasks", json=body)).json()
+        seen: list[Event] = []
+        async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
+            async for item in sse_events(r):
+                if isinstance(item, str):
+                    continue
+                seen.append(item)
+                if item[1] == "sample":
+                    break  # disconnect in the middle of the task
+        assert seen[-1][1] == "sample"
+        rest = await read_stream(c, task["id"], {"Last-Event-ID": seen[-1][0]})
+        full = seen + rest
+        check_story(full, samples=5)
+        assert full == await read_stream(c, task["id"])  # nothing missed, nothing twice
+
+
+async def test_sse_keepalive_and_cancel_ends_the_stream(settings: Settings) -> None:
+    quick = settings.model_copy(update={"events_keepalive_s": 0.1})
+    async with LiveServer(quick, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
+        task = (await c.post("/v1/tasks", json={"prompt": "[[hang]]"})).json()
+        items: list[Event | str] = []
+        async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
+            async for item in sse_events(r):
+                items.append(item)
+                if item == ": keep-alive" and items.count(item) == 2:
+                    assert (await c.delete(f"/v1/tasks/{task['id']}")).status_code == 200
+        events = [i for i in items if not isinstance(i, str)]
+        assert events[-1][1:] == ("status", {"status": "cancelled"})
+
+
+async def test_sse_stops_reading_when_the_client_leaves(
+    settings: Settings, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A vanished client costs nothing: the server's blocked read of the log is cancelled
+    at once (not at the next keep-alive)."""
+    async with LiveServer(settings, workers=1) as live:
+        store: Any = live.app.state.ponder.store
+        reading, left = asyncio.Event(), asyncio.Event()
+        real_read = store.read_events
+
+        async def read_events(task_id: str, after: str | None, **kwargs: Any) -> Any:
+            if kwargs.get("block_ms"):
+                reading.set()
+            try:
+                return await real_read(task_id, after, **kwargs)
+            except asyncio.CancelledError:
+                left.set()
+                raise
+
+        monkeypatch.setattr(store, "read_events", read_events)
+        async with httpx.AsyncClient(base_url=live.url) as c:
+            task = (await c.post("/v1/tasks", json={"prompt": "[[hang]]"})).json()
+            async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
+                async for item in sse_events(r):
+                    if not isinstance(item, str) and item[2].get("status") == "running":
+                        break
+                await asyncio.wait_for(reading.wait(), 10)  # blocked on the log
+            await asyncio.wait_for(left.wait(), 5)  # the keep-alive is 15 s away
+            assert task["id"] not in getattr(store, "_events", {})
+            await c.delete(f"/v1/tasks/{task['id']}")
+
+
+async def test_sse_errors(settings: Settings) -> None:
+    from ponder.api.deps import key_digest
+
+    secured = settings.model_copy(update={"api_keys": [key_digest("pk_a"), key_digest("pk_b")]})
+    async with LiveServer(secured, workers=1) as live:
+        a = httpx.AsyncClient(base_url=live.url, headers={"Authorization": "Bearer pk_a"})
+        b = httpx.AsyncClient(base_url=live.url, headers={"Authorization": "Bearer pk_b"})
+        anon = httpx.AsyncClient(base_url=live.url)
+        async with a, b, anon:
+            task = (await a.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+            for c, status, code in ((anon, 401, "unauthorized"), (b, 404, "not_found")):
+                r = await c.get(f"/v1/tasks/{task['id']}/events")
+                assert r.status_code == status and r.json()["error"]["code"] == code
+            r = await a.get("/v1/tasks/1764412800123-nope-1/events")
+            assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
+            r = await a.get(f"/v1/tasks/{task['id']}/events", headers={"Last-Event-ID": "9" * 80})
+            assert r.status_code == 422 and "Last-Event-ID" in r.json()["error"]["message"]
+            check_story(await read_stream(a, task["id"]), samples=3)
+
+
+# --- WebSocket ------------------------------------------------------------------------
+async def ws_events(url: str, **kwargs: Any) -> tuple[list[Event], int]:
+    """Every message of one WebSocket connection and the server's close code."""
+    received: list[Event] = []
+    async with websockets.connect(url, **kwargs) as ws:
+        async for raw in ws:
+            message = json.loads(raw)
+            assert set(message) == {"event", "id", "data"}
+            received.append((message["id"], message["event"], message["data"]))
+        assert ws.close_code is not None
+        return received, ws.close_code
+
+
+async def test_websocket_streams_the_same_events(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 3, 3, 1]]"})).json()
+    ws_url = server.url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
+    live, code = await ws_events(ws_url)
+    assert code == 1000
+    check_story(live, samples=3)
+    assert live == await read_stream(client, task["id"])
+    replay, code = await ws_events(ws_url)  # a finished task: replayed, then closed
+    assert replay == live and code == 1000
+    rest, _ = await ws_events(ws_url + f"?last_event_id={live[1][0]}")
+    assert rest == live[2:]
+    rest, _ = await ws_events(ws_url, additional_headers={"Last-Event-ID": live[-2][0]})
+    assert rest == live[-1:]
+
+
+async def test_websocket_refuses_unknown_tasks_and_bad_keys(settings: Settings) -> None:
+    from ponder.api.deps import key_digest
+
+    secured = settings.model_copy(update={"api_keys": [key_digest("pk_a")]})
+    async with LiveServer(secured, workers=1) as live:
+        base = live.url.replace("http://", "ws://")
+        with pytest.raises(InvalidStatus) as info:
+            await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws", additional_headers={
+                "Authorization": "Bearer pk_a"})  # fmt: skip
+        assert info.value.response.status_code == 404
+        assert json.loads(info.value.response.body or b"{}")["error"]["code"] == "not_found"
+        with pytest.raises(InvalidStatus) as info:
+            await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws")
+        assert info.value.response.status_code == 401
+
+
+async def test_websocket_client_leaving_early_is_fine(
+    client: httpx.AsyncClient, server: LiveServer
+) -> None:
+    task = (await client.post("/v1/tasks", json={"prompt": "[[hang]]"})).json()
+    ws_url = server.url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
+    async with websockets.connect(ws_url) as ws:
+        first = json.loads(await ws.recv())
+        assert first["event"] == "status"
+        await ws.send("ignored")  # what a client sends is read and dropped
+    assert (await client.delete(f"/v1/tasks/{task['id']}")).status_code == 200
+    events, code = await ws_events(ws_url)
+    assert code == 1000 and events[-1][1:] == ("status", {"status": "cancelled"})
+
+
+# --- across processes -----------------------------------------------------------------
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_events_across_processes_over_redis(redis_url: str, key_prefix: str) -> None:
+    """`ponder api` and `ponder worker` in two processes: the API streams what the worker
+    writes, and a client that drops midway resumes without a gap."""
+    from tests.test_multiprocess import free_port, spawn
+
+    port = free_port()
+    env = {
+        "PONDER_REDIS_URL": redis_url,
+        "PONDER_KEY_PREFIX": key_prefix,
+        "PONDER_ENGINE": "scripted",
+        "PONDER_BATCH_MAX_SIZE": "1",
+        "PONDER_CLAIM_BLOCK_MS": "200",
+    }
+    procs = [
+        await spawn({**env, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
+        await spawn({**env, "PONDER_NODE_ID": "w1"}, "worker"),
+    ]
+    url = f"http://127.0.0.1:{port}"
+    try:
+        async with httpx.AsyncClient(base_url=url, timeout=30) as c:
+            async with asyncio.timeout(30):
+                while True:
+                    try:
+                        if (await c.get("/readyz")).status_code == 200:
+                            break
+                    except httpx.TransportError:
+                        pass
+                    await asyncio.sleep(0.1)
+            body = {"prompt": "[[answers: 7, 7, 8, 7]] [[sleep_ms: 50]]", "samples": 4}
+            task = (await c.post("/v1/tasks", json=body)).json()
+            seen: list[Event] = []
+            async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
+                async for item in sse_events(r):
+                    if not isinstance(item, str):
+                        seen.append(item)
+                        if item[1] == "sample":
+                            break
+            rest = await read_stream(c, task["id"], {"Last-Event-ID": seen[-1][0]})
+            check_story(seen + rest, samples=4)
+            assert seen + rest == await read_stream(c, task["id"])
+            ws_url = url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
+            replay, code = await ws_events(ws_url)
+            assert replay == seen + rest and code == 1000
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.terminate()
+        for p in procs:
+            _, err = await asyncio.wait_for(p.communicate(), 30)
+            assert p.returncode in (0, -15), err.decode()[-2000:]
