@@ -10,6 +10,7 @@ from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
 from ponder.store.base import TaskStore
+from ponder.webhooks import WebhookSender
 from ponder.worker import Worker
 
 __all__ = ["WorkerRuntime"]
@@ -27,8 +28,15 @@ class WorkerRuntime:
         self.store = store
         self.engine = create_engine(settings)
         self.batcher = DynamicBatcher.from_settings(self.engine, settings)
+        self.webhooks = WebhookSender(store, settings)
         self.workers = [
-            Worker(store, self.batcher, settings, worker_id=f"{settings.node_id}-w{i}")
+            Worker(
+                store,
+                self.batcher,
+                settings,
+                worker_id=f"{settings.node_id}-w{i}",
+                webhooks=self.webhooks,
+            )
             for i in range(workers)
         ]
         self._loops: list[asyncio.Task[None]] = []
@@ -56,5 +64,6 @@ class WorkerRuntime:
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("worker loop ended with an error", exc_info=result)
+        await self.webhooks.close()
         await self.batcher.close()
         await self.engine.close()

@@ -14,7 +14,7 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ponder import metrics
@@ -43,6 +43,7 @@ from ponder.types import (
     Tokens,
     utcnow,
 )
+from ponder.webhooks import WebhookSender, terminal_event
 
 __all__ = ["SampleRunner", "Worker"]
 
@@ -63,10 +64,12 @@ class TaskAbandoned(Exception):
 
 @dataclass
 class _InFlight:
+    """A claimed queue entry: its job (run, then webhooks) and the run inside it."""
+
     claim: Claim
-    job: asyncio.Task[None]
-    task_id: str
-    watchers: list[asyncio.Task[Any]] = field(default_factory=list)
+    job: asyncio.Task[None] | None = None
+    run: asyncio.Task[bool] | None = None
+    holds_slot: bool = True
 
 
 class Worker:
@@ -85,14 +88,17 @@ class Worker:
         settings: Settings,
         *,
         worker_id: str | None = None,
+        webhooks: WebhookSender | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
+        self.webhooks = webhooks
         self.settings = settings
         self.worker_id = worker_id or f"{settings.node_id}-w"
         self._picker = WeightedFairPicker(settings.priority_quotas)
         self._slots = asyncio.Semaphore(settings.worker_max_tasks)
         self._in_flight: dict[str, _InFlight] = {}
+        self._side_jobs: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
         self._last_reclaim = 0.0
 
@@ -153,19 +159,34 @@ class Worker:
         )
 
     def _start_job(self, claim: Claim) -> None:
-        job = asyncio.create_task(self._run_claim(claim), name=f"task-{claim.task_id}")
-        self._in_flight[claim.receipt] = _InFlight(claim=claim, job=job, task_id=claim.task_id)
+        flight = _InFlight(claim=claim)
+        flight.job = asyncio.create_task(self._run_claim(flight), name=f"task-{claim.task_id}")
+        self._in_flight[claim.receipt] = flight
 
         def finished(t: asyncio.Task[None]) -> None:
             self._in_flight.pop(claim.receipt, None)
-            self._slots.release()
+            self._free_slot(flight)
             if not t.cancelled() and t.exception() is not None:
                 log.error("task %s: unexpected error", claim.task_id, exc_info=t.exception())
 
-        job.add_done_callback(finished)
+        flight.job.add_done_callback(finished)
+
+    def _free_slot(self, flight: _InFlight) -> None:
+        if flight.holds_slot:
+            flight.holds_slot = False
+            self._slots.release()
+
+    def spawn_delivery(self, task_id: str, event: str) -> None:
+        """Send a non-terminal webhook in the background (owned; cancelled at shutdown)."""
+        if self.webhooks is None:
+            return
+        job = asyncio.create_task(self.webhooks.deliver(task_id, event))
+        self._side_jobs.add(job)
+        job.add_done_callback(self._side_jobs.discard)
 
     async def _drain(self) -> None:
-        jobs = [f.job for f in self._in_flight.values()]
+        jobs = [f.job for f in self._in_flight.values() if f.job is not None]
+        jobs += self._side_jobs
         if not jobs:
             return
         _, still = await asyncio.wait(jobs, timeout=self.settings.shutdown_grace_s)
@@ -197,20 +218,41 @@ class Worker:
 
     async def _notice_cancels(self) -> None:
         for flight in list(self._in_flight.values()):
-            task = await self.store.get_task(flight.task_id)
+            if flight.run is None or flight.run.done():
+                continue
+            task = await self.store.get_task(flight.claim.task_id)
             if task is not None and task.status == TaskStatus.cancelled:
-                flight.job.cancel()
+                flight.run.cancel()
 
     # --- one task ---------------------------------------------------------------------
-    async def _run_claim(self, claim: Claim) -> None:
+    async def _run_claim(self, flight: _InFlight) -> None:
+        """Run the task, then send its terminal webhook, then acknowledge the entry.
+
+        The entry stays claimed (its lease renewed) until the webhook is delivered or
+        given up, so a crash at any point leads to a reclaim that resumes the work. A
+        client cancel stops only the run (the webhook still goes out); a shutdown stops
+        both and releases the entry for another worker.
+        """
+        claim = flight.claim
         finished = False
+        run = TaskRun(self, claim)
         try:
-            finished = await TaskRun(self, claim).run()
+            flight.run = asyncio.create_task(run.run(), name=f"run-{claim.task_id}")
+            try:
+                finished = await flight.run
+            except asyncio.CancelledError:
+                job = asyncio.current_task()
+                if job is not None and job.cancelling():
+                    raise  # shutdown
+                finished = True  # the cancel watch stopped a task the client cancelled
+            self._free_slot(flight)
+            if finished and run.has_callback and self.webhooks is not None:
+                task = await self.store.get_task(claim.task_id)
+                if task is not None and is_terminal(task.status):
+                    await self.webhooks.deliver(task.id, terminal_event(task.status))
         except asyncio.CancelledError:
-            # Cancelled by a client cancel (the record is terminal: ack) or by shutdown
-            # (release so another worker resumes it).
             task = await _quiet(self.store.get_task(claim.task_id))
-            finished = task is None or is_terminal(task.status)
+            finished = task is None or (is_terminal(task.status) and not run.has_callback)
             raise
         finally:
             if finished:
@@ -242,12 +284,19 @@ class TaskRun:
     def mode(self) -> ModeConfig:
         return self.settings.mode(self.task.mode)
 
+    @property
+    def has_callback(self) -> bool:
+        task: Task | None = getattr(self, "task", None)
+        return task is not None and task.callback is not None
+
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
         task = await self.store.get_task(self.claim.task_id)
-        if task is None or is_terminal(task.status):
+        if task is None:
             return True
         self.task = task
+        if is_terminal(task.status):
+            return True  # cancelled while pending, or reclaimed before its webhook went out
         try:
             if task.attempts >= self.settings.max_deliveries:
                 await self._finish_failed(
@@ -336,6 +385,8 @@ class TaskRun:
                     launch(wave - self._answered() - len(jobs))
                 self._count()
                 await self._save(events)
+                if task.callback is not None and any(e[0] == "preliminary" for e in events):
+                    self.worker.spawn_delivery(task.id, "task.preliminary")
         finally:
             for job in jobs:
                 job.cancel()
