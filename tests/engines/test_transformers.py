@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import math
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -119,13 +121,34 @@ async def test_the_chat_template_is_applied(model_engine: TransformersEngine) ->
 async def test_cancelling_a_row_mid_generation_stops_it_alone(
     model_engine: TransformersEngine,
 ) -> None:
-    cancelled = SampleRequest(prompt=STORY, max_new_tokens=12, cancelled=SetAfterChecks(3))
+    cancelled = SampleRequest(prompt=STORY, max_new_tokens=12, cancelled=ActOnCheck(3))
     outputs = await run(model_engine, greedy(STORY), cancelled, greedy(HAIKU))
     assert outputs[1].finish_reason == "cancelled"
     assert 0 < outputs[1].completion_tokens < 12
     assert outputs[1].text and outputs[0].text.startswith(outputs[1].text)
     assert [outputs[0].finish_reason, outputs[2].finish_reason] == ["length", "length"]
     assert outputs[0].completion_tokens == 12
+
+
+async def test_a_cancelled_call_stops_computing_its_batch(
+    model_engine: TransformersEngine,
+) -> None:
+    loop = asyncio.get_running_loop()
+    tasks: list[asyncio.Task[object]] = []
+    cancel_the_call = ActOnCheck(3, lambda: loop.call_soon_threadsafe(tasks[0].cancel))
+    before = model_engine.stats.decoded_rows
+    tasks.append(
+        asyncio.create_task(
+            model_engine.generate(
+                [SampleRequest(prompt=STORY, max_new_tokens=64, cancelled=cancel_the_call)]
+            )
+        )
+    )
+    with pytest.raises(asyncio.CancelledError):
+        await tasks[0]
+    # the worker thread runs one batch at a time: this one waits for the abandoned one
+    await run(model_engine, greedy("Hi", 1))
+    assert model_engine.stats.decoded_rows - before < 63
 
 
 async def test_a_row_cancelled_before_the_batch_costs_nothing(
@@ -198,15 +221,19 @@ def test_model_parts_are_joined_and_refused_on_a_hash_mismatch(tmp_path: Path) -
     assert not whole.exists()
 
 
-class SetAfterChecks(threading.Event):
-    """An event that sets itself on its n-th check: a cancellation at a known decode step."""
+class ActOnCheck(threading.Event):
+    """A cancellation flag that runs ``action`` (by default, sets itself) on its n-th check.
 
-    def __init__(self, checks: int) -> None:
+    The engine checks a row's flag once per decode step, so this acts at a known step.
+    """
+
+    def __init__(self, checks: int, action: Callable[[], object] | None = None) -> None:
         super().__init__()
         self.checks_left = checks
+        self.action = action or self.set
 
     def is_set(self) -> bool:
         self.checks_left -= 1
-        if self.checks_left <= 0:
-            self.set()
+        if self.checks_left == 0:
+            self.action()
         return super().is_set()

