@@ -315,3 +315,10 @@ async def test_two_workers_share_the_queue(h: Harness) -> None:
         assert (await h.wait(t.id)).status == TaskStatus.done
     counted = [r.task_id for r in h.engine.requests]
     assert sorted(counted) == sorted(t.id for t in tasks)  # each sample computed once
+
+
+async def test_request_can_turn_early_stop_off(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]", early_stop=False)
+    done = await h.wait(task.id)
+    assert done.samples_used == 3 and done.early_stop is False

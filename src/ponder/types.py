@@ -152,6 +152,8 @@ class Task(BaseModel):
     timeout_s: float = 0.0
     sample_timeout_s: float = 0.0
     tests: str | None = None
+    #: None: the mode's setting
+    early_stop: bool | None = None
     attempts: int = 0
 
     # --- never shown to clients

@@ -356,7 +356,8 @@ class TaskRun:
                 jobs[asyncio.create_task(self._run_sample(sample))] = sample
             del queued[:count]
 
-        wave = first_wave(len(task.samples), mode, self.settings.early_stop_window)
+        early_stop = mode.early_stop if task.early_stop is None else task.early_stop
+        wave = first_wave(len(task.samples), early_stop, self.settings.early_stop_window)
         launch(wave - self._ran())
         try:
             while jobs and (remaining := deadline - time.monotonic()) > 0:
@@ -370,7 +371,7 @@ class TaskRun:
                 if not done:
                     break
                 events += self._preliminary()
-                if mode.early_stop and decided(
+                if early_stop and decided(
                     task.samples, task.task_type, self.settings.early_stop_window
                 ):
                     for job, sample in jobs.items():

@@ -44,8 +44,7 @@ def test_messages_carry_the_path_instruction() -> None:
 @pytest.mark.parametrize(("planned", "early", "wave"), [(1, True, 1), (3, True, 2), (5, True, 3),
                                                          (8, True, 3), (8, False, 8)])  # fmt: skip
 def test_first_wave(planned: int, early: bool, wave: int) -> None:
-    mode = SETTINGS.mode("standard").model_copy(update={"early_stop": early})
-    assert first_wave(planned, mode, window=3) == wave
+    assert first_wave(planned, early, window=3) == wave
 
 
 def test_decided_when_leader_cannot_be_overtaken() -> None:

@@ -34,6 +34,9 @@ class TaskCreate(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     timeout_s: float | None = Field(default=None, gt=0)
     tests: str | None = None
+    early_stop: bool | None = Field(
+        default=None, description="stop sampling once the vote is decided; default: the mode's"
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -71,10 +71,13 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         prompt=req.prompt,
         messages=[m.model_dump() for m in req.messages] if req.messages else None,
         max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
-        temperature=req.temperature if req.temperature is not None else mode.temperature,
+        temperature=req.temperature
+        if req.temperature is not None
+        else mode.temperature_for(req.samples or mode.samples),
         timeout_s=timeout_s,
         sample_timeout_s=min(mode.sample_timeout_s, timeout_s),
         tests=req.tests,
+        early_stop=req.early_stop,
         metadata=req.metadata,
         callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
         owner=owner,

@@ -97,9 +97,9 @@ def plan_samples(task: Task, mode: ModeConfig) -> list[Sample]:
     ]
 
 
-def first_wave(planned: int, mode: ModeConfig, window: int) -> int:
+def first_wave(planned: int, early_stop: bool, window: int) -> int:
     """How many samples to start at once: all, unless early stopping can save some."""
-    if not mode.early_stop or planned <= 2:
+    if not early_stop or planned <= 2:
         return planned
     return min(planned, planned // 2 + 1, window)
 
