@@ -635,7 +635,7 @@ async def test_a_batch_draws_from_one_bucket(make: Make) -> None:
     await asyncio.gather(*tasks)
 
 
-async def test_oldest_deadline_forces_a_mixed_batch(make: Make) -> None:
+async def test_deadline_mixed_batch_without_backlog_takes_the_oldest(make: Make) -> None:
     engine, clock = FakeEngine(), FakeClock()
     batcher = await started(
         make, engine, max_batch_size=3, bucket_edges=(5, 10), adaptive=False, clock=clock
@@ -646,11 +646,39 @@ async def test_oldest_deadline_forces_a_mixed_batch(make: Make) -> None:
     await advance(clock, batcher, 0.039)
     assert engine.calls == []
     await advance(clock, batcher, 0.001)
-    # the oldest's bucket, topped up from the nearest buckets: short before the long one
-    assert (await engine.next_call()).prompts == ["medium-1", "s1", "s2"]
+    # 4 buffered <= 2 batches: no backlog, so the oldest go first whatever their length
+    assert (await engine.next_call()).prompts == ["medium-1", "a-very-long-one", "s1"]
     await advance(clock, batcher, 0.05)
-    assert (await engine.next_call()).prompts == ["a-very-long-one"]
+    assert (await engine.next_call()).prompts == ["s2"]
     await asyncio.gather(*tasks)
+
+
+async def test_deadline_mixed_batch_with_backlog_packs_by_length(make: Make) -> None:
+    engine, clock = FakeEngine(), FakeClock()
+    batcher = await started(
+        make, engine, max_batch_size=3, bucket_edges=(5, 10, 15), adaptive=False, clock=clock
+    )
+    tasks = [spawn(batcher, "medium-1")]
+    await advance(clock, batcher, 0.01)
+    later = [
+        "a-very-very-long-one",
+        "long-long-2",
+        "s1",
+        "another-very-long-one",
+        "long-long-3",
+        "medium-2",
+        "s2",
+    ]
+    tasks += [spawn(batcher, p) for p in later]  # two per bucket: none is full
+    await advance(clock, batcher, 0.039)
+    assert engine.calls == []
+    await advance(clock, batcher, 0.001)
+    # 8 buffered > 2 batches: the oldest's bucket first, then the nearest bucket (shorter
+    # first on a tie), though three longer requests arrived before s1
+    assert (await engine.next_call()).prompts == ["medium-1", "s1", "medium-2"]
+    await advance(clock, batcher, 0.05)
+    await asyncio.gather(*tasks)
+    assert sorted(p for c in engine.calls for p in c.prompts) == sorted(["medium-1", *later])
 
 
 async def test_buckets_use_the_engines_token_count(make: Make) -> None:
@@ -686,6 +714,23 @@ async def test_flood_of_priority_0_cannot_starve_priority_5(make: Make) -> None:
     prompts = [c.prompts for c in engine.calls]
     p5_batches = [i for i, p in enumerate(prompts) if "p5-b" in p]
     assert p5_batches and p5_batches[0] <= 3  # long before the 40 urgent ones drain
+    await asyncio.gather(*tasks)
+
+
+async def test_fair_share_applies_without_a_backlog_too(make: Make) -> None:
+    engine, clock = FakeEngine(), FakeClock()
+    batcher = await started(make, engine, max_batch_size=4, adaptive=False, clock=clock)
+    tasks = [spawn(batcher, f"p0-{i}", priority=0) for i in range(3)]
+    tasks.append(spawn(batcher, "p5", priority=5))
+    await settle()
+    assert (await engine.next_call()).prompts == ["p0-0", "p0-1", "p0-2", "p5"]  # full
+    tasks += [spawn(batcher, f"p0-{i}", priority=0) for i in range(3, 8)]
+    tasks.append(spawn(batcher, "p5-late", priority=5))
+    # 6 buffered (no backlog), 4 fit: at the deadline the oldest first, but the newest
+    # request gets priority 5's share of the slots
+    await advance(clock, batcher, 0.05)
+    assert (await engine.next_call()).prompts == ["p0-3", "p0-4", "p0-5", "p5-late"]
+    await advance(clock, batcher, 0.05)
     await asyncio.gather(*tasks)
 
 

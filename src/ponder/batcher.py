@@ -8,9 +8,12 @@ fixed-interval poll.
 
 A batch is dispatched when a batch slot is free (``max_concurrent_batches``) and
 
-1. the oldest buffered request has waited ``max_wait_ms`` since its arrival: the batch is
-   drawn from the oldest request's length bucket, topped up from the nearest other buckets
-   (a mixed batch) if that bucket holds fewer than ``max_batch_size``; or
+1. the oldest buffered request has waited ``max_wait_ms`` since its arrival: a mixed
+   batch is allowed. With a backlog (more than ``2 * max_batch_size`` buffered: the engine
+   is the bottleneck, so padding costs throughput) it is drawn from the oldest request's
+   length bucket and topped up from the nearest other buckets; without one it takes the
+   oldest requests of any length (reordering would only add latency: they all fit in the
+   next two batches anyway); or
 2. a length bucket holds ``max_batch_size`` requests: a full batch from that bucket alone;
    or
 3. (``adaptive``) the engine is idle and, at the recent arrival rate, a full batch is not
@@ -20,6 +23,9 @@ A batch is dispatched when a batch slot is free (``max_concurrent_batches``) and
 When more requests wait in the chosen bucket(s) than fit, the batch is filled by weighted
 fair share across priority levels (:class:`~ponder.scheduling.WeightedFairPicker`), oldest
 first inside a level.
+
+Completion tokens are counted by the worker (``TOKENS_GENERATED``), not here; the batcher
+records the batch metrics and ``ENGINE_TOKENS_PER_S``.
 """
 
 from __future__ import annotations
@@ -27,12 +33,13 @@ from __future__ import annotations
 import asyncio
 import bisect
 import contextlib
+import heapq
 import itertools
 import logging
 import math
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Literal
 
@@ -53,6 +60,8 @@ log = logging.getLogger("ponder.batcher")
 _DEADLINE_SLACK_S = 1e-6
 #: the arrival-rate estimate looks back this far at least (seconds)
 _MIN_RATE_HORIZON_S = 1.0
+#: more than this many full batches buffered is a backlog: pack batches by length
+_BACKLOG_BATCHES = 2
 
 _State = Literal["buffered", "running", "done"]
 
@@ -392,8 +401,13 @@ class DynamicBatcher:
     def _compose(self, bucket: int, *, mixed: bool) -> list[_Entry]:
         """Take up to ``max_batch_size`` entries out of the buffer, starting at ``bucket``.
 
-        ``mixed`` tops the batch up from the other buckets, nearest lengths first.
+        ``mixed`` tops the batch up from the other buckets, nearest lengths first; without
+        a backlog a mixed batch takes the oldest entries of every bucket instead.
         """
+        if mixed and len(self._buffer) <= _BACKLOG_BATCHES * self.max_batch_size:
+            batch = self._take(self._buckets, self.max_batch_size, oldest_first=True)
+            batch.sort(key=lambda e: e.seq)
+            return batch
         groups = [self._buckets[bucket]]
         batch = self._take(groups, self.max_batch_size)
         if mixed and len(batch) < self.max_batch_size:
@@ -407,28 +421,35 @@ class DynamicBatcher:
         batch.sort(key=lambda e: e.seq)
         return batch
 
-    def _take(self, groups: list[list[dict[_Entry, None]]], k: int) -> list[_Entry]:
+    def _take(
+        self, groups: list[list[dict[_Entry, None]]], k: int, *, oldest_first: bool = False
+    ) -> list[_Entry]:
         """Remove up to ``k`` entries from ``groups`` by fair share over priorities.
 
-        Inside a priority level, entries come from the groups in order, oldest first.
-        Entries flagged cancelled are resolved as cancelled instead of being taken.
+        Inside a priority level, entries come from the groups in order, oldest first
+        inside a group (``oldest_first``: oldest first across the groups). Entries flagged
+        cancelled are resolved as cancelled instead of being taken.
         """
         available = {p: sum(len(g[p]) for g in groups) for p in range(NUM_PRIORITIES)}
         counts = self._picker.pick(available, k)
-        taken: list[_Entry] = []
+        chosen: list[_Entry] = []
         for priority, count in enumerate(counts):
-            for group in groups:
-                level = group[priority]
-                while count > 0 and level:
-                    entry = next(iter(level))
-                    self._remove(entry)
-                    count -= 1
-                    if entry.request.is_cancelled:
-                        entry.state = "done"
-                        if not entry.future.done():
-                            entry.future.set_result(_cancelled_output())
-                    else:
-                        taken.append(entry)
+            levels = [group[priority] for group in groups if group[priority]]
+            candidates: Iterator[_Entry]
+            if oldest_first:
+                candidates = heapq.merge(*levels, key=lambda e: e.seq)
+            else:
+                candidates = itertools.chain.from_iterable(levels)
+            chosen += itertools.islice(candidates, count)
+        taken: list[_Entry] = []
+        for entry in chosen:
+            self._remove(entry)
+            if entry.request.is_cancelled:
+                entry.state = "done"
+                if not entry.future.done():
+                    entry.future.set_result(_cancelled_output())
+            else:
+                taken.append(entry)
         return taken
 
     # --- running batches --------------------------------------------------------------
