@@ -49,23 +49,37 @@ async def read_stream(
 
 
 def check_story(events: list[Event], samples: int, final: str = "done") -> None:
-    """The events of one task, in order: pending, running, samples, result."""
+    """The events of one task, in order: pending, running, samples, result. (Samples
+    that early stopping skipped never ran: they have no event.)"""
     names = [name for _, name, _ in events]
     assert names[:2] == ["status", "status"]
     assert [d["status"] for _, n, d in events if n == "status"][:2] == ["pending", "running"]
-    assert names.count("sample") == samples
     assert names[-1] == "result" and events[-1][2]["status"] == final
+    ran = [s for s in events[-1][2]["samples"] if s["status"] != "skipped"]
+    assert names.count("sample") == len(ran) == samples
     ids = [i for i, _, _ in events]
     assert len(set(ids)) == len(ids) and all(ids)
 
 
 async def test_sse_follows_a_task_to_its_end(client: httpx.AsyncClient) -> None:
-    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 4, 4, 5]]"})).json()
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 4, 5, 4]]"})).json()
     events = await read_stream(client, task["id"])
     check_story(events, samples=3)
     result = events[-1][2]
     assert result["id"] == task["id"] and result["result"]["answer"] == "4"
     assert {d["index"] for _, n, d in events if n == "sample"} == {0, 1, 2}
+
+
+async def test_deep_mode_streams_a_preliminary_answer(client: httpx.AsyncClient) -> None:
+    body = {"prompt": "What is 2 + 3? [[answers: 5, 5, 4, 5, 5]]", "mode": "deep"}
+    task = (await client.post("/v1/tasks", json=body)).json()
+    events = await read_stream(client, task["id"])
+    names = [name for _, name, _ in events]
+    assert names.count("preliminary") == 1
+    assert names.index("sample") < names.index("preliminary") < names.index("result")
+    preliminary = events[names.index("preliminary")][2]
+    assert {"answer", "text", "confidence", "votes"} <= set(preliminary)
+    assert events[-1][2]["preliminary"] == preliminary
 
 
 async def test_sse_replays_a_finished_task_and_resumes_after_any_id(
@@ -94,7 +108,7 @@ async def test_sse_client_disconnects_midway_and_resumes(settings: Settings) -> 
     every later event exactly once."""
     slow = settings.model_copy(update={"batch_max_size": 1})
     async with LiveServer(slow, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
-        body = {"prompt": "[[answers: 1, 1, 2, 1, 1]] [[sleep_ms: 60]]", "samples": 5}
+        body = {"prompt": "[[answers: 1, 2, 3, 4, 5]] [[sleep_ms: 60]]", "samples": 5}
         task = (await c.post("/v1/tasks", json=body)).json()
         seen: list[Event] = []
         async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
@@ -166,7 +180,7 @@ async def test_sse_errors(settings: Settings) -> None:
         b = httpx.AsyncClient(base_url=live.url, headers={"Authorization": "Bearer pk_b"})
         anon = httpx.AsyncClient(base_url=live.url)
         async with a, b, anon:
-            task = (await a.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+            task = (await a.post("/v1/tasks", json={"prompt": "[[answers: 1, 2, 1]]"})).json()
             for c, status, code in ((anon, 401, "unauthorized"), (b, 404, "not_found")):
                 r = await c.get(f"/v1/tasks/{task['id']}/events")
                 assert r.status_code == status and r.json()["error"]["code"] == code
@@ -193,7 +207,7 @@ async def ws_events(url: str, **kwargs: Any) -> tuple[list[Event], int]:
 async def test_websocket_streams_the_same_events(
     client: httpx.AsyncClient, server: LiveServer
 ) -> None:
-    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 3, 3, 1]]"})).json()
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 3, 1, 3]]"})).json()
     ws_url = server.url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
     live, code = await ws_events(ws_url)
     assert code == 1000
@@ -268,7 +282,7 @@ async def test_events_across_processes_over_redis(redis_url: str, key_prefix: st
                     except httpx.TransportError:
                         pass
                     await asyncio.sleep(0.1)
-            body = {"prompt": "[[answers: 7, 7, 8, 7]] [[sleep_ms: 50]]", "samples": 4}
+            body = {"prompt": "[[answers: 7, 8, 9, 6]] [[sleep_ms: 50]]", "samples": 4}
             task = (await c.post("/v1/tasks", json=body)).json()
             seen: list[Event] = []
             async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:

@@ -38,7 +38,7 @@ def extra(obj: Any) -> dict[str, Any]:
 
 async def test_chat_completion(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:
     completion = await sdk.chat.completions.create(
-        model="ponder", messages=ask("What is 6 * 7? [[answers: 42, 42, 41]]")
+        model="ponder", messages=ask("What is 6 * 7? [[answers: 42, 41, 42]]")
     )
     assert completion.object == "chat.completion"
     assert completion.model == "ponder"
@@ -59,7 +59,7 @@ async def test_chat_completion(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> N
     assert task["status"] == "done" and task["mode"] == "standard"
     assert task["messages"][1] == {
         "role": "user",
-        "content": "What is 6 * 7? [[answers: 42, 42, 41]]",
+        "content": "What is 6 * 7? [[answers: 42, 41, 42]]",
     }
 
 
