@@ -353,6 +353,20 @@ async def test_adaptive_waits_while_a_full_batch_is_expected(make: Make) -> None
     await asyncio.gather(*tasks)
 
 
+async def test_adaptive_uses_a_free_slot_while_another_batch_runs(make: Make) -> None:
+    engine, clock = FakeEngine(hold=True), FakeClock()
+    batcher = await started(
+        make, engine, max_wait_ms=50, max_concurrent_batches=2, adaptive=True, clock=clock
+    )
+    first = spawn(batcher, "a")
+    await engine.next_call()
+    await advance(clock, batcher, 0.5)  # a slow trickle: a full batch is not expected
+    second = spawn(batcher, "b")
+    assert (await engine.next_call()).prompts == ["b"]  # the clock did not move
+    engine.release_all()
+    await asyncio.gather(first, second)
+
+
 async def test_without_adaptive_a_lone_request_waits_for_its_deadline(make: Make) -> None:
     engine, clock = FakeEngine(), FakeClock()
     batcher = await started(make, engine, max_wait_ms=50, adaptive=False, clock=clock)

@@ -12,11 +12,12 @@ A batch is dispatched when a batch slot is free (``max_concurrent_batches``) and
    batch is allowed. With a backlog (more than ``2 * max_batch_size`` buffered: the engine
    is the bottleneck, so padding costs throughput) it is drawn from the oldest request's
    length bucket and topped up from the nearest other buckets; without one it takes the
-   oldest requests of any length (reordering would only add latency: they all fit in the
-   next two batches anyway); or
+   oldest requests of any length (at most two batches' worth wait: reordering them would
+   add latency for little padding saved); or
 2. a length bucket holds ``max_batch_size`` requests: a full batch from that bucket alone;
    or
-3. (``adaptive``) the engine is idle and, at the recent arrival rate, a full batch is not
+3. (``adaptive``) the engine is idle (has a free batch slot: with the default one batch
+   at a time, runs nothing) and, at the recent arrival rate, a full batch is not
    expected before the oldest request's deadline: the batch is dispatched at once, as it
    would be at the deadline, rather than idling the engine.
 
@@ -352,7 +353,7 @@ class DynamicBatcher:
                 batch = self._compose(oldest.bucket, mixed=True)
             elif full is not None:
                 batch = self._compose(full, mixed=False)
-            elif self.adaptive and not self._running:
+            elif self.adaptive:  # a slot is free: the engine has idle capacity
                 dispatch_at = self._adaptive_dispatch_time(now, oldest.deadline)
                 if dispatch_at > now:
                     return min(dispatch_at, oldest.deadline) - now
