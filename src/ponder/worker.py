@@ -13,9 +13,9 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
 from ponder.config import ModeConfig, Settings
@@ -46,6 +46,8 @@ from ponder.types import (
 from ponder.webhooks import WebhookSender, terminal_event
 
 __all__ = ["SampleRunner", "Worker"]
+
+_R = TypeVar("_R")
 
 log = logging.getLogger("ponder.worker")
 
@@ -364,16 +366,14 @@ class TaskRun:
                 done, _ = await asyncio.wait(
                     jobs, timeout=remaining, return_when=asyncio.FIRST_COMPLETED
                 )
-                events: list[tuple[str, dict[str, Any]]] = []
-                for job in done:
-                    job.result()
-                    events.append(("sample", jobs.pop(job).model_dump(mode="json")))
                 if not done:
                     break
-                events += self._preliminary()
-                if early_stop and decided(
-                    task.samples, task.task_type, self.settings.early_stop_window
+                events = self._collect(jobs)
+                events += await self._preliminary()
+                if early_stop and await self._off_loop(
+                    decided, task.task_type, self.settings.early_stop_window
                 ):
+                    events += self._collect(jobs)  # samples that ended meanwhile still count
                     for job, sample in jobs.items():
                         sample.status = SampleStatus.skipped
                         job.cancel()
@@ -397,6 +397,21 @@ class TaskRun:
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(code="timeout", message="the task deadline passed")
 
+    @staticmethod
+    def _collect(jobs: dict[asyncio.Task[None], Sample]) -> list[tuple[str, dict[str, Any]]]:
+        """Take the finished sample jobs out of ``jobs``; their ``sample`` events."""
+        events = []
+        for job in [j for j in jobs if j.done()]:
+            job.result()
+            events.append(("sample", jobs.pop(job).model_dump(mode="json")))
+        return events
+
+    async def _off_loop(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
+        """Run a vote function in a thread on a snapshot of the samples: answer
+        equivalence (math-verify) can take a while and must not block the event loop."""
+        snapshot = [s.model_copy() for s in self.task.samples]
+        return await asyncio.to_thread(fn, snapshot, *args, **kwargs)
+
     def _answered(self) -> int:
         return sum(s.status == SampleStatus.done for s in self.task.samples)
 
@@ -404,12 +419,12 @@ class TaskRun:
         """Samples already finished (a reclaimed task keeps them) count toward the wave."""
         return sum(s.status != SampleStatus.queued for s in self.task.samples)
 
-    def _preliminary(self) -> list[tuple[str, dict[str, Any]]]:
+    async def _preliminary(self) -> list[tuple[str, dict[str, Any]]]:
         """Progressive modes: the first finished sample gives a preliminary answer."""
         task = self.task
         if not self.mode.progressive or task.preliminary is not None:
             return []
-        fusion = fuse(task.samples, task.task_type, self.settings)
+        fusion = await self._off_loop(fuse, task.task_type, self.settings)
         if fusion is None:
             return []
         task.preliminary = fusion.result
@@ -479,7 +494,9 @@ class TaskRun:
     async def _finish(self) -> None:
         task = self.task
         self._count()
-        fusion = fuse(task.samples, task.task_type, self.settings, clarify=self.mode.clarify)
+        fusion = await self._off_loop(
+            fuse, task.task_type, self.settings, clarify=self.mode.clarify
+        )
         if fusion is None:
             timed_out = all(s.status == SampleStatus.timeout for s in task.samples)
             errors = [s.error.message for s in task.samples if s.error is not None]
