@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import sys
 
 import pytest
@@ -56,7 +57,11 @@ async def test_usage_errors_exit_2() -> None:
 
 
 async def test_help_everywhere() -> None:
-    for command in ([], ["serve"], ["api"], ["worker"], ["submit"], ["keys", "new"]):
+    commands = (
+        [], ["serve"], ["api"], ["worker"], ["submit"], ["events"], ["get"], ["cancel"],
+        ["tasks"], ["keys", "new"], ["keys", "webhook-secret"],
+    )  # fmt: skip
+    for command in commands:
         code, out, _ = await run_cli(*command, "--help")
         assert code == 0 and "Usage" in out
 
@@ -69,3 +74,127 @@ async def test_keys_new_prints_key_and_digest() -> None:
     lines = dict(line.split(":", 1) for line in out.splitlines() if ":" in line)
     key, digest = lines["key"].strip(), lines["digest"].strip()
     assert hashlib.sha256(key.encode()).hexdigest() == digest
+
+
+def strip_ansi(text: str) -> str:
+    return re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", text)
+
+
+async def test_submit_wait_shows_live_progress(sqlite_settings: Settings) -> None:
+    async with LiveServer(sqlite_settings, workers=1) as live:
+        tty = {"TTY_COMPATIBLE": "1", "COLUMNS": "100", "LINES": "30", "NO_COLOR": "1"}
+        code, out, err = await run_cli(
+            "submit", "What is 2+3? [[answers: 5, 5, 4, 5, 5]] [[sleep_ms: 40]]",
+            "--mode", "deep", "--wait", "--url", live.url, env=tty,
+        )  # fmt: skip
+        assert code == 0, err
+        out, err = strip_ansi(out), strip_ansi(err)
+        # the live view (on stderr): samples done/planned, the tally, the early answer
+        assert "samples" in err and "/5" in err and "votes" in err and "preliminary" in err
+        # the result (on stdout) with its vote table
+        assert "done" in out and "answer: 5" in out
+        assert "votes" in out and "answer" in out
+
+
+async def test_follow_cancel_and_list(sqlite_settings: Settings) -> None:
+    async with LiveServer(sqlite_settings, workers=1) as live:
+        code, out, _ = await run_cli("submit", "[[hang]]", "--url", live.url)
+        assert code == 0
+        task_id = out.strip()
+        follower = await asyncio.create_subprocess_exec(
+            sys.executable, "-m", "ponder.cli", "events", task_id, "--url", live.url,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        )  # fmt: skip
+        assert follower.stdout is not None
+        lines = []
+        async with asyncio.timeout(30):
+            while "running" not in (line := (await follower.stdout.readline()).decode()):
+                lines.append(line)
+        code, out, _ = await run_cli("cancel", task_id, "--url", live.url)
+        assert code == 0 and out.split() == [task_id, "cancelled"]
+        rest, _ = await asyncio.wait_for(follower.communicate(), 30)
+        assert follower.returncode == 1  # the task ended cancelled
+        assert rest.decode().split()[-2:] == ["status", "cancelled"]
+        # a task that already ended: 409
+        code, _, err = await run_cli("cancel", task_id, "--url", live.url)
+        assert code == 0  # cancelling a cancelled task is fine
+        code, out, _ = await run_cli(
+            "submit", "[[answers: 3]]", "--mode", "fast", "--wait", "--json", "--url", live.url
+        )
+        done_id = json.loads(out)["id"]
+        code, _, err = await run_cli("cancel", done_id, "--url", live.url)
+        assert code == 1 and "conflict" in err
+        # events of a finished task: replayed, exit 0
+        code, out, _ = await run_cli("events", done_id, "--json", "--url", live.url)
+        assert code == 0
+        events = [json.loads(line) for line in out.splitlines()]
+        assert [e["event"] for e in events][:2] == ["status", "status"]
+        assert events[-1]["event"] == "result" and events[-1]["data"]["status"] == "done"
+        code, out, _ = await run_cli(
+            "events", done_id, "--last-event-id", events[-1]["id"], "--url", live.url
+        )
+        assert code == 0 and out == ""
+        code, out, _ = await run_cli("tasks", "--json", "--url", live.url)
+        assert code == 0
+        listed = json.loads(out)
+        assert [t["id"] for t in listed["data"]] == [done_id, task_id]
+        code, out, _ = await run_cli("tasks", "--status", "done", "--url", live.url)
+        assert code == 0 and done_id in out and task_id not in out
+        code, out, _ = await run_cli("get", done_id, "--url", live.url)
+        assert code == 0 and "answer: 3" in out
+        code, _, err = await run_cli("get", "1764412800123-nope-1", "--url", live.url)
+        assert code == 1 and "not_found" in err
+
+
+async def test_remote_service_with_an_api_key(sqlite_settings: Settings) -> None:
+    from ponder.api.deps import key_digest
+
+    secured = sqlite_settings.model_copy(update={"api_keys": [key_digest("pk_cli")]})
+    async with LiveServer(secured, workers=1) as live:
+        code, _, err = await run_cli("tasks", "--url", live.url, env={"PONDER_API_KEY": ""})
+        assert code == 1 and "unauthorized" in err
+        env = {"PONDER_API_KEY": "pk_cli", "PONDER_URL": live.url}
+        code, out, err = await run_cli("submit", "[[answers: 9]]", "--wait", "--json", env=env)
+        assert code == 0, err
+        assert json.loads(out)["result"]["answer"] == "9"
+        code, out, _ = await run_cli("tasks", env=env)
+        assert code == 0 and "done" in out
+
+
+async def test_unreachable_service_exits_1() -> None:
+    code, _, err = await run_cli("tasks", "--url", "http://127.0.0.1:9")
+    assert code == 1 and "cannot reach" in err
+
+
+async def test_keys_webhook_secret() -> None:
+    from ponder.config import load_settings
+
+    code, out, _ = await run_cli("keys", "webhook-secret")
+    assert code == 0 and out.startswith("whsec_")
+    assert load_settings(webhook_secret=out.strip()).webhook_secret is not None
+
+
+def test_progress_view() -> None:
+    from rich.console import Console
+
+    from ponder.cli import TaskProgress
+    from ponder.client import TaskEvent
+    from ponder.types import Task
+
+    progress = TaskProgress(Task(id="1764412800123-api1-1", samples_planned=4))
+    sample = {"index": 0, "temperature": 0.5, "seed": 1, "status": "done", "answer": "408"}
+    for event in (
+        TaskEvent("1", "status", {"status": "running"}),
+        TaskEvent("2", "sample", sample),
+        TaskEvent("3", "sample", {**sample, "index": 1, "answer": "418"}),
+        TaskEvent("4", "sample", {**sample, "index": 2}),
+        TaskEvent("5", "preliminary", {"answer": "408", "text": "t", "confidence": 0.8,
+                                       "agreement": 1.0, "votes": {"408": 1}, "chosen_sample": 0}),
+    ):  # fmt: skip
+        progress.apply(event)
+    screen = Console(record=True, width=100, color_system=None)
+    screen.print(progress.render())
+    text = screen.export_text()
+    assert "running" in text and "3/4" in text
+    assert "408: 2 · 418: 1" in text
+    assert "preliminary" in text and "0.80" in text

@@ -9,16 +9,22 @@ import logging
 import os
 import secrets
 import signal
-import time
-from typing import Annotated, Any
+from collections import Counter
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Annotated, Any
 
-import httpx
 import typer
-from rich.console import Console
-from rich.table import Table
+from rich.columns import Columns
+from rich.console import Console, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Column, Table
 
 from ponder.config import Mode, Settings, load_settings
 from ponder.errors import ConfigError
+from ponder.types import Result, SampleStatus, Task, TaskStatus
+
+if TYPE_CHECKING:
+    from ponder.client import Client, TaskEvent
 
 app = typer.Typer(
     help="ponder: asynchronous LLM inference as tasks.",
@@ -150,41 +156,132 @@ async def _run_worker(settings: Settings, workers: int) -> None:
         await store.close()
 
 
-def _client(url: str) -> httpx.Client:
-    headers = {}
-    if key := os.environ.get("PONDER_API_KEY"):
-        headers["Authorization"] = f"Bearer {key}"
-    return httpx.Client(base_url=url, headers=headers, timeout=30.0)
+# --- using a service ------------------------------------------------------------------
+UrlOption = Annotated[
+    str, typer.Option("--url", envvar="PONDER_URL", help="service URL [PONDER_URL]")
+]
+KeyOption = Annotated[
+    str | None,
+    typer.Option(
+        "--api-key", envvar="PONDER_API_KEY", show_default=False, help="API key [PONDER_API_KEY]"
+    ),
+]
+JsonOption = Annotated[bool, typer.Option("--json", help="print JSON")]
 
 
-def _fail(response: httpx.Response) -> None:
+def _exit_code(status: TaskStatus | str) -> int:
+    return EXIT_OK if status in ("done", "partial_done") else EXIT_TASK_FAILED
+
+
+@contextlib.contextmanager
+def _service(url: str, api_key: str | None) -> Iterator[Client]:
+    """An SDK client; its errors become a message on stderr and an exit code."""
+    from ponder.client import APIConnectionError, APIError, Client, WaitTimeout
+
     try:
-        error = response.json()["error"]
-        message = f"{error['code']}: {error['message']}"
-    except (ValueError, KeyError, TypeError):
-        message = response.text[:200]
-    err_console.print(f"[red]error {response.status_code}[/red] {message}")
-    raise typer.Exit(EXIT_USAGE if response.status_code in (400, 413, 422) else EXIT_TASK_FAILED)
+        with Client(url, api_key=api_key or None) as client:
+            yield client
+    except APIError as e:
+        err_console.print(f"[red]error {e.status_code}[/red] {e.code}: {e.message}")
+        usage = e.status_code in (400, 413, 422)
+        raise typer.Exit(EXIT_USAGE if usage else EXIT_TASK_FAILED) from e
+    except APIConnectionError as e:
+        err_console.print(f"[red]error:[/red] cannot reach {url}: {e}")
+        raise typer.Exit(EXIT_TASK_FAILED) from e
+    except WaitTimeout as e:
+        err_console.print(f"[red]timed out[/red]: {e}; the task goes on")
+        raise typer.Exit(EXIT_TASK_FAILED) from e
 
 
-def _print_task(task: dict[str, Any]) -> None:
-    status = task["status"]
-    result = task.get("result") or {}
-    color = {"done": "green", "partial_done": "yellow"}.get(status, "red")
-    console.print(f"[bold]{task['id']}[/bold] [{color}]{status}[/{color}]")
-    if result:
-        console.print(f"answer: [bold]{result.get('answer')}[/bold]")
-        console.print(
-            f"confidence {result.get('confidence', 0):.2f} · "
-            f"agreement {result.get('agreement', 0):.2f}"
-        )
-        votes = Table("answer", "votes")
-        for answer, count in sorted(result.get("votes", {}).items(), key=lambda kv: -kv[1]):
-            votes.add_row(str(answer), str(count))
-        console.print(votes)
-        console.print(result.get("text", ""))
-    if task.get("error"):
-        console.print(f"error: {task['error']['code']}: {task['error']['message']}")
+def _print_json(data: Any) -> None:
+    # plain print: rich would wrap long lines of a JSON document
+    print(json.dumps(data, indent=2, ensure_ascii=False))
+
+
+def _vote_table(votes: dict[str, int], title: str | None = None) -> Table:
+    table = Table("answer", "votes", title=title, title_justify="left", box=None)
+    for answer, count in sorted(votes.items(), key=lambda kv: -kv[1]):
+        table.add_row(answer, str(count))
+    return table
+
+
+def _print_task(task: Task) -> None:
+    status = task.status.value
+    color = {"done": "green", "partial_done": "yellow", "running": "cyan", "pending": "cyan"}
+    tint = color.get(status, "red")
+    console.print(
+        f"[bold]{task.id}[/bold] [{tint}]{status}[/{tint}] · {task.mode} · "
+        f"{task.samples_done}/{task.samples_planned} samples"
+    )
+    result = task.result
+    if result is not None:
+        console.print(f"answer: [bold]{result.answer}[/bold]")
+        console.print(f"confidence {result.confidence:.2f} · agreement {result.agreement:.2f}")
+        if result.votes:
+            console.print(_vote_table(result.votes))
+        if result.clarification:
+            console.print(f"[yellow]clarification:[/yellow] {result.clarification}")
+        console.print(result.text)
+    elif task.preliminary is not None:
+        console.print(f"preliminary answer: [bold]{task.preliminary.answer}[/bold]")
+    if task.error is not None:
+        console.print(f"error: {task.error.code}: {task.error.message}")
+
+
+class TaskProgress:
+    """The live view of a running task, built from its events: samples finished out of
+    planned, the vote so far and the preliminary answer."""
+
+    def __init__(self, task: Task) -> None:
+        self.task_id = task.id
+        self.status = task.status.value
+        self.planned = task.samples_planned
+        self.finished = 0
+        self.votes: Counter[str] = Counter()
+        self.preliminary: Result | None = None
+
+    def apply(self, event: TaskEvent) -> None:
+        if event.status is not None:
+            self.status = event.status.value
+        if (sample := event.sample) is not None:
+            self.finished += 1
+            if sample.status == SampleStatus.done and sample.answer is not None:
+                self.votes[sample.answer] += 1
+        if (preliminary := event.result) is not None:
+            self.preliminary = preliminary
+        if (task := event.task) is not None:
+            self.planned = task.samples_planned
+
+    def render(self) -> RenderableType:
+        grid = Table.grid(padding=(0, 2))
+        grid.add_column(style="dim")
+        grid.add_column()
+        grid.add_row("task", f"[bold]{self.task_id}[/bold] {self.status}")
+        bar = ProgressBar(total=max(self.planned, 1), completed=self.finished, width=30)
+        grid.add_row("samples", Columns([bar, f"{self.finished}/{self.planned}"]))
+        tally = " · ".join(f"{a}: {n}" for a, n in self.votes.most_common(5)) or "none yet"
+        grid.add_row("votes", tally)
+        if self.preliminary is not None:
+            grid.add_row(
+                "preliminary",
+                f"[bold]{self.preliminary.answer}[/bold] "
+                f"(confidence {self.preliminary.confidence:.2f})",
+            )
+        return grid
+
+
+def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task:
+    """Wait for the task's end on its event stream, showing progress where it can."""
+    if not (live and err_console.is_terminal):
+        return client.wait(task.id, timeout=timeout_s)
+    from rich.live import Live
+
+    progress = TaskProgress(task)
+    with Live(progress.render(), console=err_console, transient=True) as view:
+        for event in client.events(task.id, timeout=timeout_s):
+            progress.apply(event)
+            view.update(progress.render(), refresh=True)
+    return client.get(task.id)
 
 
 @app.command()
@@ -192,50 +289,136 @@ def submit(
     prompt: Annotated[str, typer.Argument(help="the prompt")],
     mode: Annotated[Mode, typer.Option(help="fast, standard or deep")] = Mode.standard,
     priority: Annotated[int, typer.Option(min=0, max=5, help="0 is the most urgent")] = 3,
-    wait: Annotated[bool, typer.Option(help="wait for the result and print it")] = False,
+    samples: Annotated[int | None, typer.Option(min=1, help="samples to run")] = None,
+    task_type: Annotated[
+        str, typer.Option(help="auto, math, code, choice or text: how answers compare")
+    ] = "auto",
+    wait: Annotated[bool, typer.Option(help="follow the task live, then print the result")] = False,
     timeout: Annotated[float, typer.Option(min=0.1, help="seconds to wait with --wait")] = 600,
-    as_json: Annotated[bool, typer.Option("--json", help="print the Task as JSON")] = False,
-    url: Annotated[str, typer.Option(envvar="PONDER_URL", help="service URL")] = _DEFAULT_URL,
+    as_json: JsonOption = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
 ) -> None:
     """Submit a task. Exit 0 on done/partial_done, 1 on failed/cancelled, 2 on usage errors."""
-    with _client(url) as client:
-        try:
-            response = client.post(
-                "/v1/tasks", json={"prompt": prompt, "mode": mode.value, "priority": priority}
-            )
-            if response.status_code >= 400:
-                _fail(response)
-            task = response.json()
-            if wait:
-                task = _wait(client, task["id"], timeout)
-        except httpx.HTTPError as e:
-            err_console.print(f"[red]error:[/red] cannot reach {url}: {e}")
-            raise typer.Exit(EXIT_TASK_FAILED) from e
+    with _service(url, api_key) as client:
+        task = client.submit(
+            prompt, mode=mode.value, priority=priority, samples=samples, task_type=task_type
+        )
+        if wait:
+            task = _follow(client, task, timeout, live=not as_json)
     if as_json:
-        console.print_json(json.dumps(task))
+        _print_json(task.to_public())
     elif wait:
         _print_task(task)
     else:
-        console.print(task["id"])
-    if wait and task["status"] not in ("done", "partial_done"):
+        console.print(task.id)
+    if wait and _exit_code(task.status) != EXIT_OK:
         raise typer.Exit(EXIT_TASK_FAILED)
 
 
-def _wait(client: httpx.Client, task_id: str, timeout_s: float) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout_s
-    delay = 0.1
-    while True:
-        response = client.get(f"/v1/tasks/{task_id}")
-        if response.status_code >= 400:
-            _fail(response)
-        task: dict[str, Any] = response.json()
-        if task["status"] in ("done", "partial_done", "failed", "cancelled"):
-            return task
-        if time.monotonic() > deadline:
-            err_console.print(f"[red]timed out[/red] after {timeout_s:g}s; task {task_id} goes on")
-            raise typer.Exit(EXIT_TASK_FAILED)
-        time.sleep(delay)
-        delay = min(delay * 1.5, 2.0)
+def _event_line(event: TaskEvent) -> str:
+    data = event.data
+    if (sample := event.sample) is not None:
+        detail = f"#{sample.index} {sample.status.value}"
+        if sample.answer is not None:
+            detail += f" answer={sample.answer}"
+        if sample.error is not None:
+            detail += f" ({sample.error.code}: {sample.error.message})"
+    elif (result := event.result) is not None:
+        detail = f"answer={result.answer} confidence={result.confidence:.2f}"
+    elif event.event == "result":
+        answer = (data.get("result") or {}).get("answer")
+        detail = f"{data.get('status')} answer={answer}" if answer is not None else data["status"]
+    else:
+        detail = str(data.get("status", data))
+    return f"{event.id}  {event.event:<11} {detail}"
+
+
+@app.command()
+def events(
+    task_id: Annotated[str, typer.Argument(help="the task id")],
+    last_event_id: Annotated[str | None, typer.Option(help="start after this event id")] = None,
+    timeout: Annotated[float, typer.Option(min=0.1, help="seconds to follow at most")] = 3600,
+    as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Follow a task's events until it ends (exit code as for `submit --wait`)."""
+    final: str | None = None
+    with _service(url, api_key) as client:
+        for event in client.events(task_id, last_event_id=last_event_id, timeout=timeout):
+            if as_json:
+                print(json.dumps({"id": event.id, "event": event.event, "data": event.data}))
+            else:
+                console.print(_event_line(event), highlight=False, markup=False, soft_wrap=True)
+            if event.is_final and event.status is not None:
+                final = event.status.value
+        status = final or client.get(task_id).status.value  # none: it had already ended
+    raise typer.Exit(_exit_code(status))
+
+
+@app.command()
+def get(
+    task_id: Annotated[str, typer.Argument(help="the task id")],
+    as_json: JsonOption = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Show a task as it is now."""
+    with _service(url, api_key) as client:
+        task = client.get(task_id)
+    if as_json:
+        _print_json(task.to_public())
+    else:
+        _print_task(task)
+
+
+@app.command()
+def cancel(
+    task_id: Annotated[str, typer.Argument(help="the task id")],
+    as_json: JsonOption = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Cancel a pending or running task (exit 1 if it already ended otherwise)."""
+    with _service(url, api_key) as client:
+        task = client.cancel(task_id)
+    if as_json:
+        _print_json(task.to_public())
+    else:
+        console.print(f"{task.id} {task.status.value}")
+
+
+@app.command()
+def tasks(
+    status: Annotated[TaskStatus | None, typer.Option(help="only tasks in this status")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=100, help="tasks per page")] = 20,
+    cursor: Annotated[str | None, typer.Option(help="the next page (printed below)")] = None,
+    as_json: JsonOption = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """List your tasks, newest first."""
+    with _service(url, api_key) as client:
+        page = client.list(status=status, limit=limit, cursor=cursor)
+    if as_json:
+        _print_json({"data": [t.to_public() for t in page.data], "next_cursor": page.next_cursor})
+        return
+    table = Table("status", "mode", "created", "samples", "answer")
+    table.columns.insert(0, Column("id", no_wrap=True))
+    for task in page.data:
+        answer = task.result.answer if task.result is not None else None
+        table.add_row(
+            task.id,
+            task.status.value,
+            task.mode,
+            task.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            f"{task.samples_done}/{task.samples_planned}",
+            "" if answer is None else str(answer),
+        )
+    console.print(table)
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
 
 
 @keys_app.command("new")
@@ -247,6 +430,14 @@ def keys_new() -> None:
     console.print(f"key:    {key}")
     console.print(f"digest: {key_digest(key)}")
     console.print("Give the key to the client; add the digest to PONDER_API_KEYS.")
+
+
+@keys_app.command("webhook-secret")
+def keys_webhook_secret() -> None:
+    """Print a fresh webhook signing secret (for PONDER_WEBHOOK_SECRET)."""
+    from ponder.webhooks import generate_secret
+
+    console.print(generate_secret(), highlight=False)
 
 
 def main() -> None:
