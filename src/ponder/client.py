@@ -316,6 +316,13 @@ class _Base:
             params["cursor"] = cursor
         return params
 
+    def _reconnect_delay_s(self, failures: int, error: Exception) -> float:
+        """The wait before reconnecting an event stream: Retry-After, else a backoff."""
+        if isinstance(error, APIError) and error.retry_after_s is not None:
+            return min(error.retry_after_s, self.max_retry_wait_s)
+        backoff = min(_BACKOFF_BASE_S * 2.0 ** (failures - 1), _BACKOFF_MAX_S)
+        return backoff * self._rng.uniform(0.5, 1.0)
+
     def _stream_timeout(self, deadline: float | None) -> httpx.Timeout:
         read = _IDLE_TIMEOUT_S
         if deadline is not None:
@@ -332,10 +339,6 @@ def _deadline(timeout: float | None) -> float | None:
 
 def _expired(deadline: float | None) -> bool:
     return deadline is not None and time.monotonic() >= deadline
-
-
-def _reconnect_s(failures: int) -> float:
-    return min(_BACKOFF_BASE_S * 2.0 ** (failures - 1), _BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
 # --- blocking -------------------------------------------------------------------------
@@ -469,7 +472,9 @@ class Client(_Base):
                 if _expired(deadline):
                     raise WaitTimeout("the timeout passed before the task ended") from e
                 error: Exception = e
-            except UnavailableError as e:
+            except APIError as e:
+                if e.code not in _RETRY_CODES:
+                    raise
                 error = e
             else:  # the server ended the stream early (a restart, a store hiccup)
                 if not got_any and self.get(task_id).status.value in _TERMINAL:
@@ -478,7 +483,7 @@ class Client(_Base):
             failures += 1
             if failures > _MAX_RECONNECTS:
                 raise APIConnectionError(f"the event stream of {task_id} keeps failing") from error
-            time.sleep(_reconnect_s(failures))
+            time.sleep(self._reconnect_delay_s(failures, error))
 
     def wait(self, task_id: str, timeout: float | None = None) -> Task:
         """Block until the task ends (following its events); return it.
@@ -625,7 +630,9 @@ class AsyncClient(_Base):
                 if _expired(deadline):
                     raise WaitTimeout("the timeout passed before the task ended") from e
                 error: Exception = e
-            except UnavailableError as e:
+            except APIError as e:
+                if e.code not in _RETRY_CODES:
+                    raise
                 error = e
             else:
                 if not got_any and (await self.get(task_id)).status.value in _TERMINAL:
@@ -634,7 +641,7 @@ class AsyncClient(_Base):
             failures += 1
             if failures > _MAX_RECONNECTS:
                 raise APIConnectionError(f"the event stream of {task_id} keeps failing") from error
-            await asyncio.sleep(_reconnect_s(failures))
+            await asyncio.sleep(self._reconnect_delay_s(failures, error))
 
     async def wait(
         self,

@@ -304,3 +304,16 @@ async def test_events_across_processes_over_redis(redis_url: str, key_prefix: st
         for p in procs:
             _, err = await asyncio.wait_for(p.communicate(), 30)
             assert p.returncode in (0, -15), err.decode()[-2000:]
+
+
+async def test_event_streams_are_rate_limited(settings: Settings) -> None:
+    limited = settings.model_copy(update={"rate_limit_per_s": 0.01, "rate_limit_burst": 2})
+    async with LiveServer(limited, workers=0) as live, httpx.AsyncClient(base_url=live.url) as c:
+        task = (await c.post("/v1/tasks", json={"prompt": "x"})).json()
+        await c.delete(f"/v1/tasks/{task['id']}")  # the bucket is empty now
+        r = await c.get(f"/v1/tasks/{task['id']}/events")
+        assert r.status_code == 429 and r.json()["error"]["code"] == "rate_limited"
+        ws_url = live.url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
+        with pytest.raises(InvalidStatus) as info:
+            await ws_events(ws_url)
+        assert info.value.response.status_code == 429

@@ -247,3 +247,15 @@ async def test_client_that_leaves_cancels_its_task(
     assert second["id"] != task["id"]
     events = await read_stream(client, second["id"])
     assert events[-1][1:] == ("status", {"status": "cancelled"})
+
+
+async def test_rate_limit_in_openai_shape(settings: Settings) -> None:
+    limited = settings.model_copy(update={"rate_limit_per_s": 0.01, "rate_limit_burst": 1})
+    async with LiveServer(limited, workers=0) as live:
+        async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk:
+            await sdk.models.list()
+            with pytest.raises(openai.RateLimitError) as info:
+                await sdk.chat.completions.create(model="ponder", messages=ask("x"))
+        body: Any = info.value.body
+        assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
+        assert int(info.value.response.headers["retry-after"]) >= 1

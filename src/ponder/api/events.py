@@ -26,7 +26,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketState
 
-from ponder.api.deps import AppState, get_owner, get_state
+from ponder.api.deps import AppState, check_rate, get_owner, get_state, rate_limit
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
@@ -48,7 +48,7 @@ _SSE_RETRY_MS = 1000
 _WS_NORMAL, _WS_ERROR = 1000, 1011
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 422, 503)
+    code: {"model": ErrorBody} for code in (401, 404, 422, 429, 503)
 }
 
 
@@ -124,6 +124,7 @@ Owner = Annotated[str, Depends(get_owner)]
     "/tasks/{task_id}/events",
     responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
     response_class=StreamingResponse,
+    dependencies=[Depends(rate_limit)],
 )
 async def task_events(
     task_id: str,
@@ -182,6 +183,7 @@ async def task_websocket(
     try:
         # get_owner reads only the app state and the headers, which a WebSocket has too
         owner = get_owner(cast(Request, websocket))
+        await check_rate(state, owner, websocket.client.host if websocket.client else None)
         after = _start_after(websocket.headers.get("last-event-id"), last_event_id)
         await load_task(state.store, task_id, owner)
     except ApiError as e:

@@ -34,7 +34,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ponder import metrics
-from ponder.api.deps import AppState, get_owner, get_state
+from ponder.api.deps import AppState, check_rate, get_owner, get_state
 from ponder.api.errors import ApiError
 from ponder.api.events import follow_events, is_final
 from ponder.api.schemas import TaskCreate
@@ -390,6 +390,17 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                 await _abandon(state.store, task.id, owner)
 
 
+async def _caller(request: Request) -> str:
+    """The caller's owner id, after auth and the rate limit (errors in OpenAI's shape)."""
+    try:
+        owner = get_owner(request)
+        address = request.client.host if request.client else None
+        await check_rate(get_state(request), owner, address)
+    except ApiError as e:
+        raise OpenAIError.from_api_error(e) from e
+    return owner
+
+
 @router.post(
     "/chat/completions",
     responses={
@@ -407,10 +418,7 @@ async def chat_completions(request: Request) -> Response:
     """OpenAI's chat completion, answered by a ponder task (see the module docstring)."""
     try:
         state = get_state(request)
-        try:
-            owner = get_owner(request)
-        except ApiError as e:
-            raise OpenAIError.from_api_error(e) from e
+        owner = await _caller(request)
         try:
             body = json.loads(await request.body())
         except ValueError as e:
@@ -447,9 +455,9 @@ def _model(model_id: str) -> dict[str, Any]:
 async def list_models(request: Request) -> JSONResponse:
     """The model names this service answers to: ``ponder`` and ``ponder-<mode>``."""
     try:
-        get_owner(request)
-    except ApiError as e:
-        return OpenAIError.from_api_error(e).response()
+        await _caller(request)
+    except OpenAIError as e:
+        return e.response()
     return JSONResponse({"object": "list", "data": [_model(m) for m in MODEL_IDS]})
 
 
@@ -457,9 +465,9 @@ async def list_models(request: Request) -> JSONResponse:
 async def get_model(model_id: str, request: Request) -> JSONResponse:
     """One model of :func:`list_models`."""
     try:
-        get_owner(request)
-    except ApiError as e:
-        return OpenAIError.from_api_error(e).response()
+        await _caller(request)
+    except OpenAIError as e:
+        return e.response()
     if model_id not in MODEL_IDS:
         return OpenAIError(
             404, "model_not_found", f"the model {model_id!r} does not exist", param="model"
