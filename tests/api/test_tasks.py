@@ -226,3 +226,18 @@ async def test_auth_and_isolation(settings: Settings) -> None:
             assert (await bob.get("/v1/tasks")).json()["data"] == []
             assert (await wait_for_task(alice, task["id"]))["status"] == "done"
             assert (await anon.get("/healthz")).status_code == 200
+
+
+async def test_embedded_store_survives_a_restart(sqlite_settings: Settings) -> None:
+    """A task submitted before a restart is still there, and a pending one runs after it."""
+    async with (
+        LiveServer(sqlite_settings, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url) as c,
+    ):
+        task = (await c.post("/v1/tasks", json={"prompt": "[[answers: 9]]"})).json()
+    async with (
+        LiveServer(sqlite_settings, workers=1) as live,
+        httpx.AsyncClient(base_url=live.url) as c,
+    ):
+        done = await wait_for_task(c, task["id"])
+        assert done["status"] == "done" and done["result"]["answer"] == "9"
