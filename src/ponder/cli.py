@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+from rich import box
 from rich.columns import Columns
 from rich.console import Console, RenderableType
 from rich.progress_bar import ProgressBar
@@ -404,15 +405,17 @@ def tasks(
     if as_json:
         _print_json({"data": [t.to_public() for t in page.data], "next_cursor": page.next_cursor})
         return
-    table = Table("status", "mode", "created", "samples", "answer")
-    table.columns.insert(0, Column("id", no_wrap=True))
+    table = Table(
+        Column("id", no_wrap=True), "status", "mode", Column("created", no_wrap=True),
+        "samples", "answer", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+    )  # fmt: skip
     for task in page.data:
         answer = task.result.answer if task.result is not None else None
         table.add_row(
             task.id,
             task.status.value,
             task.mode,
-            task.created_at.strftime("%Y-%m-%d %H:%M:%S"),
+            task.created_at.strftime("%Y-%m-%d %H:%M"),
             f"{task.samples_done}/{task.samples_planned}",
             "" if answer is None else str(answer),
         )

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -252,36 +253,55 @@ async def test_websocket_client_leaving_early_is_fine(
 
 
 # --- across processes -----------------------------------------------------------------
-@pytest.mark.slow
-@pytest.mark.timeout(120)
-async def test_events_across_processes_over_redis(redis_url: str, key_prefix: str) -> None:
-    """`ponder api` and `ponder worker` in two processes: the API streams what the worker
-    writes, and a client that drops midway resumes without a gap."""
+@contextlib.asynccontextmanager
+async def split_service(redis_url: str, key_prefix: str, **env: str) -> AsyncIterator[str]:
+    """`ponder api` and `ponder worker` as two processes over Redis; yields the API's URL."""
     from tests.test_multiprocess import free_port, spawn
 
     port = free_port()
-    env = {
+    base = {
         "PONDER_REDIS_URL": redis_url,
         "PONDER_KEY_PREFIX": key_prefix,
         "PONDER_ENGINE": "scripted",
         "PONDER_BATCH_MAX_SIZE": "1",
         "PONDER_CLAIM_BLOCK_MS": "200",
+        **env,
     }
     procs = [
-        await spawn({**env, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
-        await spawn({**env, "PONDER_NODE_ID": "w1"}, "worker"),
+        await spawn({**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
+        await spawn({**base, "PONDER_NODE_ID": "w1"}, "worker"),
     ]
     url = f"http://127.0.0.1:{port}"
     try:
+        async with httpx.AsyncClient(base_url=url) as c, asyncio.timeout(30):
+            while True:  # until both processes are up (no event to wait on across them)
+                try:
+                    if (await c.get("/readyz")).status_code == 200:
+                        break
+                except httpx.TransportError:
+                    pass
+                await asyncio.sleep(0.1)
+        yield url
+    finally:
+        for p in procs:
+            if p.returncode is None:
+                p.terminate()
+        for p in procs:
+            _, err = await asyncio.wait_for(p.communicate(), 30)
+            assert p.returncode in (0, -15), err.decode()[-2000:]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_every_channel_across_processes_over_redis(redis_url: str, key_prefix: str) -> None:
+    """The API streams what a worker in another process writes: SSE (with a drop and a
+    resume), WebSocket, the SDK's wait and the OpenAI SDK."""
+    from openai import AsyncOpenAI
+
+    from ponder import AsyncClient
+
+    async with split_service(redis_url, key_prefix) as url:
         async with httpx.AsyncClient(base_url=url, timeout=30) as c:
-            async with asyncio.timeout(30):
-                while True:
-                    try:
-                        if (await c.get("/readyz")).status_code == 200:
-                            break
-                    except httpx.TransportError:
-                        pass
-                    await asyncio.sleep(0.1)
             body = {"prompt": "[[answers: 7, 8, 9, 6]] [[sleep_ms: 50]]", "samples": 4}
             task = (await c.post("/v1/tasks", json=body)).json()
             seen: list[Event] = []
@@ -297,13 +317,15 @@ async def test_events_across_processes_over_redis(redis_url: str, key_prefix: st
             ws_url = url.replace("http://", "ws://") + f"/v1/tasks/{task['id']}/ws"
             replay, code = await ws_events(ws_url)
             assert replay == seen + rest and code == 1000
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.terminate()
-        for p in procs:
-            _, err = await asyncio.wait_for(p.communicate(), 30)
-            assert p.returncode in (0, -15), err.decode()[-2000:]
+        async with AsyncClient(url) as client:
+            submitted = await client.submit("[[answers: 3, 1, 3]]")
+            done = await client.wait(submitted.id, timeout=60)
+            assert done.result is not None and done.result.answer == "3"
+        async with AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=0) as sdk:
+            completion = await sdk.chat.completions.create(
+                model="ponder", messages=[{"role": "user", "content": "[[answers: 2, 5, 2]]"}]
+            )
+            assert (completion.model_extra or {})["ponder"]["answer"] == "2"
 
 
 async def test_event_streams_are_rate_limited(settings: Settings) -> None:
