@@ -475,6 +475,21 @@ async def test_concurrent_writers_keep_every_record(
     assert len(receiver.ids()) == 2
 
 
+async def test_terminal_events_wait_for_a_terminal_task(
+    settings: Settings, store_for: TaskStore
+) -> None:
+    async with Receiver([200]) as receiver:
+        task = Task(id=_ids.new_id(), prompt="x", callback=CallbackInfo(url=receiver.url))
+        task, _ = await store_for.create_task(task, max_pending=100)
+        sender = WebhookSender(store_for, sender_settings(settings))
+        await sender.deliver(task.id, "task.completed")  # still pending: nothing to say
+        await sender.close()
+    assert receiver.requests == []
+    stored = await store_for.get_task(task.id)
+    assert stored is not None and stored.callback is not None
+    assert stored.callback.deliveries == [] and stored.rev == task.rev  # nothing written
+
+
 async def test_tasks_without_callback_and_unknown_events(
     settings: Settings, store_for: TaskStore
 ) -> None:

@@ -255,13 +255,19 @@ class WebhookSender:
         """Send ``event`` of the task to its ``callback_url`` (see the class docstring)."""
         if event not in EVENTS:
             raise ValueError(f"unknown webhook event {event!r}; one of {sorted(EVENTS)}")
-        found = await self._record(task_id, event, lambda d: False)
-        if found is None:
-            return  # no callback, or the task is gone
-        task, delivery = found
+        task = await self.store.get_task(task_id)
+        if task is None or task.callback is None:
+            return  # gone, or nothing to send
+        # the record is written with the first attempt's outcome (no write before it:
+        # a preliminary webhook goes out while the worker still updates the task)
+        delivery = next((d for d in task.callback.deliveries if d.event == event), None)
+        delivery = delivery or Delivery(event=event, webhook_id=webhook_id(task_id, event))
         if self.is_finished(delivery):
             return
-        assert task.callback is not None
+        if event != "task.preliminary" and not _is_terminal(task):
+            log.warning("webhook %s of task %s: not sent, the task is %s", event, task_id,
+                        task.status.value)  # fmt: skip
+            return
         url = task.callback.url
         if self._secret is None:
             await self._give_up(task_id, event, "no webhook secret is configured", "unconfigured")
