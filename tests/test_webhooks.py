@@ -571,13 +571,6 @@ async def test_webhooks_through_the_service(redis_url: str, key_prefix: str) -> 
         assert verify(*steady.requests[-1], SECRET)["data"]["status"] == "cancelled"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="worker.py: when the preliminary delivery records its attempt on the running "
-    "task, the run's next compare-and-set fails and the run is abandoned and started "
-    "again (attempts == 2; seen ending partial_done, or left running until a reclaim); "
-    "on such a conflict the run should re-read, keep the stored callback, write again",
-)
 async def test_preliminary_webhook_through_the_service(settings: Settings) -> None:
     """Deep mode: the first finished sample's answer goes out as task.preliminary while
     the other samples run (one at a time here), then task.completed."""

@@ -52,6 +52,8 @@ _R = TypeVar("_R")
 log = logging.getLogger("ponder.worker")
 
 _BACKOFF_MAX_S = 2.0
+#: compare-and-set retries of one task write when only webhook records changed under it
+_SAVE_RETRIES = 5
 
 
 class SampleRunner(Protocol):
@@ -281,6 +283,7 @@ class TaskRun:
         self.settings = worker.settings
         self.claim = claim
         self.task: Task
+        self._stored: tuple[TaskStatus, int] = (TaskStatus.pending, 0)
 
     @property
     def mode(self) -> ModeConfig:
@@ -297,6 +300,7 @@ class TaskRun:
         if task is None:
             return True
         self.task = task
+        self._stored = (task.status, task.attempts)
         if is_terminal(task.status):
             return True  # cancelled while pending, or reclaimed before its webhook went out
         try:
@@ -320,8 +324,22 @@ class TaskRun:
         return True
 
     async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
-        if not await self.store.update_task(self.task, events):
-            raise TaskAbandoned(self.task.id)
+        """Write the task over the revision last read or written.
+
+        A conflict is either a client cancel or a takeover by another worker (the run is
+        abandoned), or a webhook delivery recording its attempt on the running task: then
+        the stored delivery records are kept and the write is tried again.
+        """
+        for _ in range(_SAVE_RETRIES):
+            if await self.store.update_task(self.task, events):
+                self._stored = (self.task.status, self.task.attempts)
+                return
+            fresh = await self.store.get_task(self.task.id)
+            if fresh is None or (fresh.status, fresh.attempts) != self._stored:
+                raise TaskAbandoned(self.task.id)
+            self.task.callback = fresh.callback
+            self.task.rev = fresh.rev
+        raise TaskAbandoned(self.task.id)
 
     async def _start(self) -> None:
         task = self.task
@@ -361,6 +379,9 @@ class TaskRun:
         early_stop = mode.early_stop if task.early_stop is None else task.early_stop
         wave = first_wave(len(task.samples), early_stop, self.settings.early_stop_window)
         launch(wave - self._ran())
+        if not jobs:  # a reclaimed task whose first wave had already ended
+            launch(len(queued))
+        stopped: list[asyncio.Task[None]] = []  # cancelled by the early stop
         try:
             while jobs and (remaining := deadline - time.monotonic()) > 0:
                 done, _ = await asyncio.wait(
@@ -377,6 +398,8 @@ class TaskRun:
                     for job, sample in jobs.items():
                         sample.status = SampleStatus.skipped
                         job.cancel()
+                    stopped += jobs
+                    jobs.clear()
                     for sample in queued:
                         sample.status = SampleStatus.skipped
                     queued.clear()
@@ -391,7 +414,7 @@ class TaskRun:
         finally:
             for job in jobs:
                 job.cancel()
-            await asyncio.gather(*jobs, return_exceptions=True)
+            await asyncio.gather(*jobs, *stopped, return_exceptions=True)
         for sample in task.samples:  # the task deadline passed before these ended
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.timeout
