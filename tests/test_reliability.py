@@ -395,6 +395,29 @@ async def test_consumer_groups_come_back_after_redis_restarts_empty(tmp_path: Pa
             await store.close()
 
 
+# --- no task left behind --------------------------------------------------------------
+
+
+@pytest.mark.timeout(30)
+async def test_early_stop_with_a_sample_in_flight_still_ends_the_task(
+    sqlite_settings: Settings,
+) -> None:
+    """Regression (found by bench/chaos.py): the cancelled sample's CancelledError was
+    taken for a client cancel, and the entry of a still `running` task was acked."""
+    # deep: a first wave of 3 (7, 7, 8) leaves the vote open; the next two run together,
+    # the 4th (7) decides it while the 5th still runs (it would hang), so it is skipped
+    settings = sqlite_settings.model_copy(update={"batch_max_size": 1, "batch_max_concurrent": 8})
+    body = {"prompt": "[[answers: 7, 7, 8, 7, hang]]", "mode": "deep", "task_type": "text"}
+    async with (
+        LiveServer(settings, workers=1) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+    ):
+        task = (await c.post("/v1/tasks", json=body)).json()
+        ended = await wait_for_task(c, task["id"], timeout_s=5)
+    assert ended["status"] == "done"
+    assert ended["result"]["answer"] == "7"
+
+
 # --- crashes and shutdown -------------------------------------------------------------
 
 
@@ -432,6 +455,38 @@ async def test_killed_worker_task_is_reclaimed_keeping_finished_samples(
     (sample,) = [s for s in final["samples"] if s["index"] == kept["index"]]
     assert sample["latency_ms"] == kept["latency_ms"] and sample["text"] == kept["text"]
     assert sum(e.event == "result" for e in events) == 1  # finished once
+
+
+async def test_reclaim_after_the_first_wave_runs_the_remaining_samples(
+    redis_settings: Settings, tmp_path: Path
+) -> None:
+    """Regression (found by bench/chaos.py): a reclaimed task whose finished samples
+    filled the first wave launched nothing, and its queued samples timed out."""
+    # standard mode's first wave is 2 samples (early stop); wA is killed once both are
+    # saved, while the third runs: the reclaim must run the third, not time it out
+    sequential = {"lease_s": 1, "batch_max_size": 1, "batch_max_concurrent": 1}
+    body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
+    store = RedisStore(redis_settings)
+    async with (
+        processes() as procs,
+        LiveServer(redis_settings, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+    ):
+        try:
+            await store.start()
+            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
+            task = (await c.post("/v1/tasks", json=body)).json()
+            await wait_event(
+                store, task["id"], lambda e: e.event == "sample" and e.data["index"] == 1
+            )
+            victim.send(signal.SIGKILL)
+            await victim.wait(10)
+            await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
+            final = await wait_for_task(c, task["id"], timeout_s=30)
+        finally:
+            await store.close()
+    assert final["status"] == "done", [s["status"] for s in final["samples"]]
+    assert final["attempts"] == 2 and final["samples_done"] == 3
 
 
 async def test_sigterm_lets_running_tasks_finish_and_releases_the_rest(
