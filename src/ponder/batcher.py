@@ -107,6 +107,7 @@ class DynamicBatcher:
       running one gets ``request.cancel()`` and its output dropped; the CancelledError
       propagates. A request whose ``cancelled`` flag is set while buffered (or before
       ``submit``) never reaches the engine and returns ``finish_reason="cancelled"``.
+      ValueError for a priority outside 0..5; RuntimeError before :meth:`start`.
     - :meth:`depth` is the number of buffered (not yet dispatched) requests.
 
     ``clock`` must tick in seconds (timeouts are real ``asyncio`` waits of the clock's
