@@ -13,7 +13,7 @@ import pytest
 
 from ponder.config import load_settings
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.models import PACKAGED_MODELS, PackagedModel, assemble_gguf
+from ponder.engines.models import PACKAGED_MODELS, PackagedModel, assemble_gguf, checkpoint_dir
 from ponder.engines.transformers import TransformersEngine, encode_prompt
 from ponder.errors import ConfigError, EngineError
 
@@ -198,6 +198,13 @@ async def test_a_wrong_model_is_a_one_line_config_error(tmp_path: Path) -> None:
         await engine.close()
         assert "\n" not in str(caught.value)
         assert "PONDER_MODEL" in str(caught.value)
+
+
+def test_a_checkpoint_directory_is_used_as_is(model_engine: TransformersEngine) -> None:
+    # the session's engine has put the converted packaged model in the default cache
+    entry = checkpoint_dir("smollm2-135m", load_settings().model_cache_dir)
+    assert (entry / "model.safetensors").is_file()
+    assert checkpoint_dir(str(entry), "/nonexistent-cache") == entry
 
 
 def test_a_missing_model_package_names_the_install_command() -> None:

@@ -2,8 +2,9 @@
 
 ``POST {openai_base_url}/chat/completions`` with the bearer key ``openai_api_key`` and the
 model ``openai_model``. Rows of one batch that share a prompt and sampling parameters (the
-samples of one task) go as one request with ``n`` set; a server that ignores ``n`` (returns
-fewer choices) is remembered, and its rows are sent one request each from then on.
+samples of one task) go as one request with ``n`` set, carrying the first row's seed (the
+server draws the n samples from it); a server that ignores ``n`` (returns fewer choices)
+is remembered, and its rows are sent one request each from then on, each with its seed.
 
 Each request has a time limit (``openai_timeout_s``). Answers 429 and 5xx, and failures to
 connect, are retried up to ``openai_max_retries`` times with exponential backoff and
