@@ -147,27 +147,36 @@ async def test_sse_stops_reading_when_the_client_leaves(
     at once (not at the next keep-alive)."""
     async with LiveServer(settings, workers=1) as live:
         store: Any = live.app.state.ponder.store
-        reading, left = asyncio.Event(), asyncio.Event()
+        blocked, left = asyncio.Event(), asyncio.Event()  # a blocking read in progress; cancelled
         real_read = store.read_events
 
         async def read_events(task_id: str, after: str | None, **kwargs: Any) -> Any:
-            if kwargs.get("block_ms"):
-                reading.set()
+            blocking = bool(kwargs.get("block_ms"))
+            if blocking:
+                blocked.set()
             try:
-                return await real_read(task_id, after, **kwargs)
+                events = await real_read(task_id, after, **kwargs)
             except asyncio.CancelledError:
                 left.set()
                 raise
+            if blocking:
+                blocked.clear()
+            return events
 
         monkeypatch.setattr(store, "read_events", read_events)
         async with httpx.AsyncClient(base_url=live.url) as c:
             task = (await c.post("/v1/tasks", json={"prompt": "[[hang]]"})).json()
             async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
-                async for item in sse_events(r):
+                # held in a variable: a dropped generator would be closed by the garbage
+                # collector at any moment, closing the connection before we mean to
+                items = sse_events(r)
+                async for item in items:
                     if not isinstance(item, str) and item[2].get("status") == "running":
                         break
-                await asyncio.wait_for(reading.wait(), 10)  # blocked on the log
+                # the read that returned "running" has ended: wait for the next one to block
+                await asyncio.wait_for(blocked.wait(), 10)
             await asyncio.wait_for(left.wait(), 5)  # the keep-alive is 15 s away
+            await items.aclose()
             assert task["id"] not in getattr(store, "_events", {})
             await c.delete(f"/v1/tasks/{task['id']}")
 
