@@ -216,7 +216,8 @@ class Settings(BaseSettings):
 
     # --- engine -----------------------------------------------------------------------
     engine: str = Field(
-        default="scripted", description="engine name: transformers, openai or scripted"
+        default="transformers",
+        description="engine name: transformers (local model), openai, or scripted (test double)",
     )
     model: str = Field(
         default="smollm2-135m",
