@@ -97,12 +97,14 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class _GGUFSource:
-    """A GGUF model to convert: its parts, and the name of its cache entry."""
+    """A GGUF model to convert (a file, or a packaged model) and the name of its cache entry.
+
+    A packaged model's cache entry is named by its known hash, so its package is looked
+    for only when it must be converted: a warm start needs no package.
+    """
 
     cache_name: str
-    #: the parts; None for a packaged model until it must be converted (the cache entry
-    #: of a packaged model is named by its known hash, so a warm start needs no package)
-    parts: tuple[Path, ...] | None
+    file: Path | None = None
     packaged: PackagedModel | None = None
 
 
@@ -110,7 +112,7 @@ def _source(spec: str) -> Path | _GGUFSource:
     """What ``spec`` names: a checkpoint directory, or a GGUF model to convert."""
     packaged = PACKAGED_MODELS.get(spec)
     if packaged is not None:
-        return _GGUFSource(f"{packaged.name}-{packaged.sha256[:16]}", None, packaged)
+        return _GGUFSource(f"{packaged.name}-{packaged.sha256[:16]}", packaged=packaged)
     path = Path(spec).expanduser()
     if path.is_dir():
         if not (path / "config.json").is_file():
@@ -124,7 +126,7 @@ def _source(spec: str) -> Path | _GGUFSource:
         # every start would cost more than the cache saves
         stat = path.stat()
         identity = f"{path.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()
-        return _GGUFSource(f"{path.stem}-{hashlib.sha256(identity).hexdigest()[:16]}", (path,))
+        return _GGUFSource(f"{path.stem}-{hashlib.sha256(identity).hexdigest()[:16]}", file=path)
     raise ConfigError(
         f"PONDER_MODEL={spec!r} is neither a packaged model name ("
         + ", ".join(sorted(PACKAGED_MODELS))
@@ -184,8 +186,8 @@ def checkpoint_dir(spec: str, cache_dir: str | Path, progress: Progress | None =
                 source.packaged.locate(), source.packaged.sha256, work / "model.gguf"
             )
         else:
-            assert source.parts is not None
-            gguf = source.parts[0]
+            assert source.file is not None
+            gguf = source.file
         report(
             f"converting {gguf.name} to safetensors in {target} "
             "(first start only; tens of seconds) ..."
