@@ -226,7 +226,11 @@ class Settings(BaseSettings):
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
-    torch_threads: int = Field(default=0, ge=0, description="torch CPU threads; 0 = torch's")
+    torch_threads: int = Field(
+        default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)),
+        ge=0,
+        description="torch CPU threads (default: half the cores, 1..4); 0 = torch's own choice",
+    )
     openai_base_url: str = Field(
         default="http://127.0.0.1:8001/v1", description="openai engine: server base URL"
     )
