@@ -322,3 +322,10 @@ async def test_request_can_turn_early_stop_off(h: Harness) -> None:
     task = await h.submit("What is 6*7? [[answers: 42, 42, 17]]", early_stop=False)
     done = await h.wait(task.id)
     assert done.samples_used == 3 and done.early_stop is False
+
+
+async def test_stop_sequences_reach_the_engine(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("[[answers: 1]]", mode="fast", stop=["\n\n", "Q:"])
+    await h.wait(task.id)
+    assert h.engine.requests[0].stop == ["\n\n", "Q:"]

@@ -154,6 +154,8 @@ class Task(BaseModel):
     tests: str | None = None
     #: None: the mode's setting
     early_stop: bool | None = None
+    #: stop sequences passed to the engine
+    stop: list[str] = Field(default_factory=list)
     attempts: int = 0
 
     # --- never shown to clients

@@ -460,6 +460,7 @@ class TaskRun:
             messages=sample_messages(task, sample),
             temperature=sample.temperature,
             max_new_tokens=task.max_new_tokens,
+            stop=task.stop,
             seed=sample.seed,
             sample_index=sample.index,
             priority=max(0, task.priority - self.settings.promote_first_by)

@@ -8,7 +8,7 @@ task's event log and answers in OpenAI's shape:
 - ``choices[0]`` is the fused answer (the text of the sample the vote chose); with
   ``n`` > 1 the other choices are the other finished samples (when early stopping left
   fewer than ``n``, they are reused in turn).
-- ``stop`` cuts each choice at the first stop sequence (the samples ran without it).
+- ``stop`` is passed to the engine, and each choice is cut at the first stop sequence.
 - a ``ponder`` field carries the task's ``result`` (plus ``task_id`` and ``status``).
 - ``stream: true`` answers with ``chat.completion.chunk`` events: the role at once,
   keep-alive comments while the task runs, then the content, the finish reason (and
@@ -182,6 +182,7 @@ def _task_request(req: ChatCompletionRequest, state: AppState) -> TaskCreate:
                 "max_new_tokens": req.max_completion_tokens or req.max_tokens,
                 "temperature": req.temperature,
                 "timeout_s": req.timeout_s,
+                "stop": req.stops(),
             }
         )
     except ValidationError as e:

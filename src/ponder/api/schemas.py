@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 
@@ -34,6 +34,9 @@ class TaskCreate(BaseModel):
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     timeout_s: float | None = Field(default=None, gt=0)
     tests: str | None = None
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=4, description="stop sequences: generation ends there"
+    )
     early_stop: bool | None = Field(
         default=None, description="stop sampling once the vote is decided; default: the mode's"
     )
