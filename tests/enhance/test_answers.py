@@ -453,3 +453,19 @@ def test_a_runaway_comparison_is_abandoned_and_stopped() -> None:
     for t in helpers:
         t.join(10)
     assert not any(t.is_alive() for t in helpers)
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("So, the answer is 0.125, which is 12.5%.", "0.125"),
+        ("The answer is '2'.", "2"),
+        ("##### 32", "32"),
+        ("The answer is 5, which is the same as adding 5", "5"),
+        ("The answer is 1,234, which is a lot.", "1,234"),
+        ("The answer is 1, 2, 3.", "1, 2, 3"),
+    ],
+)
+def test_math_answer_without_trailing_comment(text: str, expected: str) -> None:
+    """Seen from SmolLM2 in the quality benchmark: comments after the number split votes."""
+    assert extract_answer(text, "math") == expected

@@ -307,7 +307,11 @@ def _clean_math(raw: str) -> str:
     s = _CURRENCY.sub("", s.strip())
     s = re.sub(r"(?<=[-\s])(?:\\\$|\$)(?=\d)", "", s)
     s = _TRAILING_WORDS.sub("", s.strip())
-    s = s.strip().rstrip(".,;:!?").strip().strip("*`").strip()
+    s = s.strip().rstrip(".,;:!?").strip().strip("*`'\"").lstrip("#").strip()
+    # "0.125, which is 12.5%": a number followed by a comment is that number
+    commented = _COMMENTED_NUMBER.match(s)
+    if commented:
+        s = commented[1]
     s = re.sub(r"\s*(?:\\,|\\!|\\;|\\ )\s*", " ", s).strip()
     m = _VAR_ASSIGN.match(s)
     if m and not re.search(r"[=<>]", s[m.end() :]):
@@ -323,6 +327,13 @@ def _clean_math(raw: str) -> str:
         ):
             s = rhs.strip()
     return s
+
+
+_COMMENTED_NUMBER = re.compile(
+    r"^(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?)\s*(?:[,;(]\s*|\s)(?:which|that|this|because|since|as|so|"
+    r"and|or|i\.e|meaning|or\s+about|approximately)\b",
+    re.IGNORECASE,
+)
 
 
 def _looks_mathy(s: str) -> bool:
