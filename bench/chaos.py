@@ -1,0 +1,809 @@
+"""Chaos run: tasks keep their guarantees while workers are SIGKILLed and Redis restarts.
+
+Run with ``make chaos`` (``.venv/bin/python bench/chaos.py``); writes
+``bench/results/chaos.md``.
+
+Over its own ``redis-server`` (a free loopback port, AOF with ``appendfsync always``;
+never the machine's shared Redis) the script starts one ``ponder api`` and three
+``ponder worker`` processes with the scripted engine, then:
+
+- submits ``--tasks`` tasks (default 2,000) at ``--rate`` per second: modes fast /
+  standard / deep (40/40/20 %), priorities 0..5, per-sample latencies of 50-1500 ms
+  (``[[sleep_ms]]``), each with an ``Idempotency-Key`` so a submit retried after a 503 or a
+  dropped connection never makes a second task;
+- SIGKILLs a random worker every 3-6 s and starts a replacement (a new node id, as a
+  restarted host would have), until every task has ended;
+- SIGKILLs Redis once, 40 % into the submissions, keeps it down ``--redis-down-s`` (3 s)
+  and restarts it on the same port and data directory (the AOF brings the data back);
+- cancels 5 % of the accepted tasks, each 0-3 s after its submit.
+
+Then it audits, from the API and from Redis: accepted tasks, how they ended, lost tasks
+(accepted, then unknown: must be 0), tasks finished twice (more than one terminal event in
+the task's event log: must be 0), tasks stuck in a non-terminal state after the run (must
+be 0), and samples recomputed. Workers here are ``ponder worker`` run through this file
+(``--as-worker``), which only adds a log line per sample the engine computed; a sample
+computed twice (once by a killed worker, again after the reclaim) is a recomputed one.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import platform
+import random
+import socket
+import sys
+import tempfile
+import time
+import uuid
+from collections import Counter
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+TERMINAL = {"done", "partial_done", "failed", "cancelled"}
+
+
+# --- processes ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+class RedisProc:
+    """A redis-server of this run's own (never the machine's shared one)."""
+
+    def __init__(self, workdir: Path, *, aof: bool) -> None:
+        self.workdir = workdir
+        self.aof = aof
+        self.port = free_port()
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    async def start(self) -> float:
+        """Start it; return the seconds until it answers (AOF loaded)."""
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        t0 = time.monotonic()
+        with (self.workdir / "redis.log").open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
+                "--dir", str(self.workdir), "--save", "", "--protected-mode", "no",
+                "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always",
+                stdout=log, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+        client = aioredis.Redis.from_url(self.url, socket_connect_timeout=1)
+        try:
+            while True:
+                if self.proc.returncode is not None:
+                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
+                with contextlib.suppress(aioredis.ConnectionError, aioredis.BusyLoadingError):
+                    if await client.ping():
+                        return time.monotonic() - t0
+                if time.monotonic() - t0 > 30:
+                    raise RuntimeError("redis-server did not answer within 30 s")
+                await asyncio.sleep(0.02)
+        finally:
+            await client.aclose()
+
+    async def kill(self) -> None:
+        if self.proc is not None and self.proc.returncode is None:
+            self.proc.kill()
+            await self.proc.wait()
+        self.proc = None
+
+
+class PonderProc:
+    """A ``ponder`` process (``api``, or a worker through ``--as-worker``)."""
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], logdir: Path):
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = logdir / f"{name}.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> PonderProc:
+        with self.log_path.open("ab") as log:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv,
+                env={**os.environ, **self.env},
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=log,
+            )
+        return self
+
+    def log_tail(self, chars: int = 2000) -> str:
+        return self.log_path.read_text(errors="replace")[-chars:]
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def kill(self) -> None:
+        if self.alive():
+            assert self.proc is not None
+            self.proc.kill()
+            await self.proc.wait()
+
+    async def terminate(self, timeout_s: float = 30) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        return self.proc.returncode
+
+
+def ponder_env(redis_url: str, prefix: str, **settings: object) -> dict[str, str]:
+    env = {
+        "PONDER_REDIS_URL": redis_url,
+        "PONDER_KEY_PREFIX": prefix,
+        "PONDER_ENGINE": "scripted",
+        "PONDER_API_KEYS": "",
+        "PONDER_LOG_LEVEL": "WARNING",
+    }
+    env.update({f"PONDER_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+def api_argv(port: int) -> list[str]:
+    return [sys.executable, "-m", "ponder.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
+
+
+def worker_argv(engine_log: Path | None = None) -> list[str]:
+    if engine_log is None:
+        return [sys.executable, "-m", "ponder.cli", "worker"]
+    return [sys.executable, str(Path(__file__).resolve()), "--as-worker", str(engine_log)]
+
+
+async def wait_ready(url: str, workers: int, timeout_s: float = 60) -> None:
+    """Until /readyz says ready with ``workers`` live workers."""
+    deadline = time.monotonic() + timeout_s
+    async with httpx.AsyncClient(base_url=url, timeout=5) as c:
+        while True:
+            with contextlib.suppress(httpx.HTTPError, ValueError):
+                r = await c.get("/readyz")
+                if r.status_code == 200 and r.json()["workers"] >= workers:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the cluster was not ready within {timeout_s} s")
+            await asyncio.sleep(0.1)
+
+
+def run_as_worker(engine_log: str) -> None:
+    """``ponder worker``, plus a line per sample the engine starts (``S time task index``)
+    and one per sample it returns (``F time task index``)."""
+    from ponder.cli import app
+    from ponder.engines.scripted import ScriptedEngine
+
+    fd = os.open(engine_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+    generate = ScriptedEngine.generate
+
+    async def logged(self: ScriptedEngine, batch: Any) -> Any:
+        t = time.time()
+        os.write(fd, "".join(f"S {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
+        out = await generate(self, batch)
+        t = time.time()
+        os.write(fd, "".join(f"F {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
+        return out
+
+    ScriptedEngine.generate = logged  # type: ignore[method-assign]
+    sys.argv = ["ponder", "worker"]
+    app()
+
+
+# --- helpers ------------------------------------------------------------------------
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+def environment() -> str:
+    import redis
+
+    return (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}, redis-py {redis.__version__}"
+    )
+
+
+def code_version() -> str:
+    """The commit the run measures (``--commit`` overrides, e.g. for a snapshot)."""
+    import subprocess
+
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "src"],
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in src/" if dirty else "")
+
+
+def load_note(start: float, end: float) -> str:
+    """The machine's 1-minute load average at the start and end of a run."""
+    return (
+        f"Machine load average (1 min) at start / end: {start:.1f} / {end:.1f} on "
+        f"{os.cpu_count()} CPUs (the machine is shared: anything above the run's own "
+        "processes is other work)."
+    )
+
+
+async def redis_version(url: str) -> str:
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    try:
+        info = await client.info("server")
+        return str(info.get("redis_version", "?"))
+    finally:
+        await client.aclose()
+
+
+@contextlib.asynccontextmanager
+async def cluster_logs(keep: bool) -> AsyncIterator[Path]:
+    tmp = Path(tempfile.mkdtemp(prefix="ponder-bench-"))
+    try:
+        yield tmp
+    finally:
+        if keep:
+            print(f"logs kept in {tmp}")
+        else:
+            import shutil
+
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+# --- the run ------------------------------------------------------------------------
+
+
+@dataclass
+class Submitted:
+    index: int
+    body: dict[str, Any]
+    key: str
+    task_id: str | None = None
+    submit_attempts: int = 0
+    cancel: str | None = None  # outcome of the planned cancel
+
+
+@dataclass
+class Run:
+    args: argparse.Namespace
+    url: str = ""
+    tasks: list[Submitted] = field(default_factory=list)
+    answers: Counter[str] = field(default_factory=Counter)  # "POST 503 unavailable", ...
+    kills: list[tuple[float, str]] = field(default_factory=list)
+    details: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # attempts, error
+    partial_samples: Counter[str] = field(default_factory=Counter)  # unfinished, in partials
+    redis_restart_at: float | None = None
+    redis_down_s: float | None = None
+    outage_wall: tuple[float, float] | None = None  # time.time() while Redis was down
+    load: tuple[float, float] = (0.0, 0.0)
+    t0: float = 0.0
+    submits_done: asyncio.Event = field(default_factory=asyncio.Event)
+    all_ended: asyncio.Event = field(default_factory=asyncio.Event)
+
+
+def make_body(i: int, rng: random.Random) -> dict[str, Any]:
+    mode = rng.choices(["fast", "standard", "deep"], weights=[40, 40, 20])[0]
+    sleep_ms = rng.randint(50, 1500)
+    answers = ", ".join(str(rng.choice([7, 7, 7, 8])) for _ in range(3))
+    return {
+        "prompt": f"chaos task {i} [[answers: {answers}]] [[sleep_ms: {sleep_ms}]]",
+        "mode": mode,
+        "task_type": "text",
+        "priority": rng.randint(0, 5),
+        "metadata": {"i": i},
+    }
+
+
+async def call(run: Run, c: httpx.AsyncClient, method: str, url: str, **kw: Any) -> httpx.Response:
+    """One request, retried (same body, same Idempotency-Key) while the answer is a 503 or
+    the connection fails; every answer is counted."""
+    deadline = time.monotonic() + 180
+    delay = 0.2
+    while True:
+        try:
+            r = await c.request(method, url, **kw)
+        except httpx.TransportError as e:
+            run.answers[f"{method} {type(e).__name__}"] += 1
+        else:
+            code = ""
+            with contextlib.suppress(ValueError, KeyError, TypeError):
+                code = r.json()["error"]["code"]
+            run.answers[f"{method} {r.status_code} {code}".strip()] += 1
+            if r.status_code != 503:
+                return r
+            delay = max(delay, float(r.headers.get("retry-after", "1")) / 2)
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{method} {url}: no answer but 503 for 180 s")
+        await asyncio.sleep(delay * (0.5 + random.random()))
+        delay = min(delay * 1.5, 2.0)
+
+
+async def submit_all(run: Run, c: httpx.AsyncClient, rng: random.Random) -> None:
+    args = run.args
+    cancel_set = set(rng.sample(range(args.tasks), round(args.tasks * args.cancel_share)))
+    jobs: list[asyncio.Task[None]] = []
+
+    async def one(item: Submitted, cancel_after: float | None) -> None:
+        r = await call(
+            run, c, "POST", "/v1/tasks", json=item.body, headers={"Idempotency-Key": item.key}
+        )
+        item.submit_attempts += 1
+        if r.status_code not in (200, 202):
+            raise RuntimeError(f"submit {item.index}: {r.status_code} {r.text[:200]}")
+        item.task_id = r.json()["id"]
+        if cancel_after is not None:
+            await asyncio.sleep(cancel_after)
+            r = await call(run, c, "DELETE", f"/v1/tasks/{item.task_id}")
+            item.cancel = {200: "cancelled", 409: "already ended"}.get(r.status_code, str(r))
+
+    for i in range(args.tasks):
+        await asyncio.sleep(max(0.0, run.t0 + i / args.rate - time.monotonic()))
+        item = Submitted(i, make_body(i, rng), uuid.uuid4().hex)
+        run.tasks.append(item)
+        cancel_after = rng.uniform(0, 3) if i in cancel_set else None
+        jobs.append(asyncio.create_task(one(item, cancel_after)))
+    await asyncio.gather(*jobs)
+    run.submits_done.set()
+
+
+async def chaos_monkey(
+    run: Run, workers: list[PonderProc], start_worker: Any, rng: random.Random
+) -> None:
+    """SIGKILL a random worker every 3-6 s, replacing it, until every task has ended."""
+    while not run.all_ended.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.all_ended.wait(), rng.uniform(3, 6))
+            return
+        victim = rng.randrange(len(workers))
+        old = workers[victim]
+        await old.kill()
+        run.kills.append((time.monotonic() - run.t0, old.name))
+        workers[victim] = await start_worker()
+
+
+async def redis_restart(run: Run, redis_server: RedisProc) -> None:
+    at = run.args.tasks / run.args.rate * 0.4
+    await asyncio.sleep(max(0.0, run.t0 + at - time.monotonic()))
+    run.redis_restart_at = time.monotonic() - run.t0
+    t0, wall0 = time.monotonic(), time.time()
+    await redis_server.kill()
+    await asyncio.sleep(run.args.redis_down_s)  # a restart that takes a while
+    await redis_server.start()
+    run.redis_down_s = time.monotonic() - t0
+    run.outage_wall = (wall0, time.time())
+
+
+async def statuses(c: httpx.AsyncClient, ids: Sequence[str], run: Run) -> dict[str, str]:
+    """``{id: status}`` from the API (404 → "lost"), 16 requests at a time."""
+    out: dict[str, str] = {}
+    gate = asyncio.Semaphore(16)
+
+    async def one(task_id: str) -> None:
+        async with gate:
+            r = await call(run, c, "GET", f"/v1/tasks/{task_id}")
+        if r.status_code != 200:
+            out[task_id] = f"lost ({r.status_code})"
+            return
+        task = r.json()
+        out[task_id] = task["status"]
+        error = (task.get("error") or {}).get("code")
+        run.details[task_id] = (int(task.get("attempts", 0)), error)
+        if task["status"] == "partial_done":
+            for sample in task.get("samples", []):
+                if sample["status"] not in ("done", "skipped"):
+                    reason = (sample.get("error") or {}).get("message") or "-"
+                    run.partial_samples[f"{sample['status']} ({reason})"] += 1
+
+    await asyncio.gather(*(one(i) for i in ids))
+    return out
+
+
+async def wait_all_ended(run: Run, redis_url: str, prefix: str, timeout_s: float) -> None:
+    """Until every accepted task is terminal, watched cheaply in Redis (the API is asked
+    once, at the end); a Redis outage only delays the watch."""
+    await run.submits_done.wait()
+    deadline = time.monotonic() + timeout_s
+    open_ids = [t.task_id for t in run.tasks if t.task_id]
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=5)
+    try:
+        while open_ids and time.monotonic() < deadline:
+            try:
+                async with client.pipeline(transaction=False) as pipe:
+                    for task_id in open_ids:
+                        pipe.hget(f"{prefix}:task:{task_id}", "status")
+                    got: list[Any] = await pipe.execute()
+            except aioredis.RedisError:
+                got = [None] * len(open_ids)
+            open_ids = [i for i, st in zip(open_ids, got, strict=True) if st not in TERMINAL]
+            if open_ids:
+                await asyncio.sleep(0.5)
+    finally:
+        await client.aclose()
+        run.all_ended.set()
+
+
+async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[str, Any]:
+    """Per task, from its event log: terminal events, starts, samples kept on reclaim."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    twice: list[str] = []
+    kept = reclaimed = 0
+    try:
+        for chunk_start in range(0, len(ids), 200):
+            chunk = ids[chunk_start : chunk_start + 200]
+            async with client.pipeline(transaction=False) as pipe:
+                for task_id in chunk:
+                    pipe.xrange(f"{prefix}:ev:{task_id}")
+                logs: list[Any] = await pipe.execute()
+            for task_id, entries in zip(chunk, logs, strict=True):
+                terminal = 0
+                starts = 0
+                saved_before_last_start = 0
+                saved = 0
+                for _, fields in entries:
+                    data = json.loads(fields["data"])
+                    if fields["event"] == "result":
+                        terminal += 1
+                    elif fields["event"] == "status":
+                        if data.get("status") in TERMINAL:
+                            terminal += 1
+                        elif data.get("status") == "running":
+                            starts += 1
+                            saved_before_last_start = saved
+                    elif fields["event"] == "sample" and data.get("status") == "done":
+                        saved += 1
+                if terminal > 1:
+                    twice.append(task_id)
+                if starts > 1:
+                    reclaimed += 1
+                    kept += saved_before_last_start
+        queues = {}
+        for p in range(6):
+            key = f"{prefix}:q:{p}"
+            queues[p] = (await client.xlen(key), (await client.xpending(key, "workers"))["pending"])
+        names: set[str] = set()
+        for p in range(6):
+            names |= {c["name"] for c in await client.xinfo_consumers(f"{prefix}:q:{p}", "workers")}
+        consumers = len(names)
+    finally:
+        await client.aclose()
+    return {
+        "twice": twice,
+        "reclaimed_tasks": reclaimed,
+        "kept_samples": kept,
+        "queues": queues,
+        "consumers": consumers,
+    }
+
+
+@dataclass
+class EngineWork:
+    started: int  # sample runs begun by the engine, all workers
+    distinct: int  # distinct (task, sample) pairs among them
+    rerun: int  # runs beyond the first of a pair: work redone
+    finished_twice: int  # of those, runs the engine had completed before (not saved)
+    finished_in_outage: int  # of those, first completed while Redis was down
+
+
+def read_engine_logs(paths: Sequence[Path], outage: tuple[float, float] | None) -> EngineWork:
+    started: Counter[tuple[str, str]] = Counter()
+    finished: dict[tuple[str, str], list[float]] = {}
+    for path in paths:
+        if not path.exists():
+            continue
+        for line in path.read_text().splitlines():
+            parts = line.split()
+            if len(parts) != 4:
+                continue  # a line cut short by a SIGKILL
+            pair = (parts[2], parts[3])
+            if parts[0] == "S":
+                started[pair] += 1
+            else:
+                finished.setdefault(pair, []).append(float(parts[1]))
+    twice = [sorted(ts) for ts in finished.values() if len(ts) > 1]
+    lo, hi = outage or (0.0, 0.0)
+    return EngineWork(
+        started=sum(started.values()),
+        distinct=len(started),
+        rerun=sum(n - 1 for n in started.values()),
+        finished_twice=sum(len(ts) - 1 for ts in twice),
+        finished_in_outage=sum(1 for ts in twice if lo <= ts[0] <= hi),
+    )
+
+
+async def main(args: argparse.Namespace) -> int:
+    rng = random.Random(args.seed)
+    prefix = "chaos"
+    load_start = os.getloadavg()[0]
+    async with cluster_logs(args.keep_logs) as tmp:
+        redis_server = RedisProc(tmp / "redis", aof=True)
+        await redis_server.start()
+        port = free_port()
+        url = f"http://127.0.0.1:{port}"
+        common = {
+            "lease_s": args.lease_s,
+            "claim_block_ms": 500,
+            "store_timeout_s": 2,
+            "scripted_batch_ms": "20,2",
+            "batch_max_concurrent": 4,
+            "shutdown_grace_s": 5,
+        }
+        api = PonderProc(
+            "api", api_argv(port), ponder_env(redis_server.url, prefix, node_id="api1"), tmp
+        )
+        workers: list[PonderProc] = []
+        engine_logs: list[Path] = []
+        serial = iter(range(1, 10_000))
+
+        async def start_worker() -> PonderProc:
+            n = next(serial)
+            log = tmp / f"engine-w{n}.log"
+            engine_logs.append(log)
+            env = ponder_env(redis_server.url, prefix, node_id=f"w{n}", **common)
+            return await PonderProc(f"w{n}", worker_argv(log), env, tmp).start()
+
+        run = Run(args, url=url)
+        try:
+            await api.start()
+            for _ in range(args.workers):
+                workers.append(await start_worker())
+            await wait_ready(url, args.workers)
+            print(f"cluster ready: api {url}, {args.workers} workers, redis {redis_server.url}")
+            run.t0 = time.monotonic()
+            limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
+            async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
+                waiter = asyncio.create_task(
+                    wait_all_ended(run, redis_server.url, prefix, args.drain_timeout_s)
+                )
+                monkey = asyncio.create_task(chaos_monkey(run, workers, start_worker, rng))
+                restart = asyncio.create_task(redis_restart(run, redis_server))
+                await submit_all(run, c, rng)
+                submitted_s = time.monotonic() - run.t0
+                print(f"submitted {len(run.tasks)} tasks in {submitted_s:.0f} s; draining")
+                await waiter
+                await monkey
+                await restart
+                ended_s = time.monotonic() - run.t0
+                ids = [t.task_id for t in run.tasks if t.task_id]
+                final = await statuses(c, ids, run)  # the user's view, after the run
+            audit = await audit_events(redis_server.url, prefix, ids)
+            work = read_engine_logs(engine_logs, run.outage_wall)
+            run.load = (load_start, os.getloadavg()[0])
+            version = await redis_version(redis_server.url)
+        finally:
+            codes = {}
+            for w in workers:
+                codes[w.name] = await w.terminate()
+            codes["api"] = await api.terminate()
+            await redis_server.kill()
+        report = render(
+            run, final, audit, work, codes, version,
+            submitted_s, ended_s,
+        )  # fmt: skip
+        out = Path(args.out)
+        await asyncio.to_thread(write_report, out, report)
+        print(report)
+        print(f"wrote {out}")
+        return 0 if verdict(run, final, audit) else 1
+
+
+def write_report(out: Path, report: str) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(report)
+
+
+def counts(run: Run, final: dict[str, str], audit: dict[str, Any]) -> dict[str, int]:
+    accepted = sum(1 for t in run.tasks if t.task_id)
+    ids = {t.task_id for t in run.tasks if t.task_id}
+    return {
+        "accepted": accepted,
+        "distinct_ids": len(ids),
+        "lost": sum(1 for s in final.values() if s.startswith("lost")),
+        "twice": len(audit["twice"]),
+        "stuck": sum(1 for s in final.values() if s not in TERMINAL and not s.startswith("lost")),
+    }
+
+
+def verdict(run: Run, final: dict[str, str], audit: dict[str, Any]) -> bool:
+    n = counts(run, final, audit)
+    return (
+        n["accepted"] == run.args.tasks
+        and n["distinct_ids"] == n["accepted"]
+        and n["lost"] == 0
+        and n["twice"] == 0
+        and n["stuck"] == 0
+    )
+
+
+def render(
+    run: Run,
+    final: dict[str, str],
+    audit: dict[str, Any],
+    work: EngineWork,
+    exit_codes: dict[str, int | None],
+    redis_ver: str,
+    submitted_s: float,
+    ended_s: float,
+) -> str:
+    args = run.args
+    n = counts(run, final, audit)
+    by_status = Counter(s for s in final.values())
+    attempts = Counter(a for a, _ in run.details.values())
+    errors = Counter(e for _, e in run.details.values() if e)
+    modes = Counter(t.body["mode"] for t in run.tasks)
+    cancels = Counter(t.cancel for t in run.tasks if t.cancel)
+    ok = verdict(run, final, audit)
+    five_xx = {k: v for k, v in run.answers.items() if " 5" in k and "unavailable" not in k
+               and "queue_full" not in k}  # fmt: skip
+
+    def mark(value: int) -> str:
+        return f"**{value}** {'✅' if value == 0 else '❌'}"
+
+    lines = [
+        "# Chaos run",
+        "",
+        f"`make chaos` (`.venv/bin/python bench/chaos.py`) at commit {args.commit}, "
+        f"seed {args.seed}. "
+        f"{environment()}, redis-server {redis_ver}.",
+        "",
+        load_note(*run.load),
+        "",
+        f"Verdict: **{'PASS' if ok else 'FAIL'}** — every accepted task ended exactly once, "
+        "none lost, none stuck."
+        if ok
+        else "Verdict: **FAIL** (see the table).",
+        "",
+        "## Setup",
+        "",
+        "- Own `redis-server` on a free loopback port, AOF on (`appendfsync always`); "
+        "1 `ponder api` + "
+        f"{args.workers} `ponder worker` processes, scripted engine (`20 ms + 2 ms/row` per "
+        "batch, per-sample `[[sleep_ms]]` of 50-1500 ms), batch size 8, 4 batches at once.",
+        f"- `PONDER_LEASE_S={args.lease_s:g}`, `PONDER_MAX_DELIVERIES=5` (default), "
+        "shutdown grace 5 s.",
+        f"- {args.tasks} tasks submitted at {args.rate:g}/s: "
+        + ", ".join(f"{m} {modes[m]}" for m in ("fast", "standard", "deep"))
+        + "; priorities 0..5 uniform; every submit carries an `Idempotency-Key` and is "
+        "retried on 503 / connection errors.",
+        f"- A random worker SIGKILLed every 3-6 s and replaced: **{len(run.kills)} kills**.",
+        f"- Redis SIGKILLed once at t = {run.redis_restart_at or 0:.1f} s and restarted "
+        f"(same port, same AOF): down for {run.redis_down_s or 0:.2f} s.",
+        f"- {args.cancel_share:.0%} of the tasks cancelled 0-3 s after their submit.",
+        "",
+        "## Results",
+        "",
+        "| figure | value |",
+        "|---|---|",
+        f"| tasks submitted | {len(run.tasks)} |",
+        f"| accepted (202/200, distinct ids) | {n['accepted']} ({n['distinct_ids']} distinct) |",
+        *(
+            f"| ended `{s}` | {by_status[s]} |"
+            for s in ("done", "partial_done", "failed", "cancelled")
+        ),
+        f"| **lost** (accepted, then unknown) | {mark(n['lost'])} |",
+        f"| **finished twice** (>1 terminal event) | {mark(n['twice'])} |",
+        f"| **stuck** non-terminal after the run | {mark(n['stuck'])} |",
+        "| unfinished samples of `partial_done` tasks | "
+        + (", ".join(f"{k}: {v}" for k, v in sorted(run.partial_samples.items())) or "-")
+        + " |",
+        "| failed by `error.code` | "
+        + (", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "-")
+        + " |",
+        f"| sample runs started by the engine | {work.started} ({work.distinct} distinct) |",
+        f"| **samples recomputed** (run again: lost with a killed worker, or with a task "
+        f"abandoned when Redis went down) | {work.rerun} |",
+        f"| of which the engine had finished before (finished, not yet saved) | "
+        f"{work.finished_twice} ({work.finished_in_outage} finished while Redis was down) |",
+        f"| tasks reclaimed (started more than once) | {audit['reclaimed_tasks']} |",
+        f"| finished samples kept across those reclaims | {audit['kept_samples']} |",
+        "| attempts per task | "
+        + ", ".join(f"{k}: {attempts[k]}" for k in sorted(attempts))
+        + " |",
+        "| planned cancels | " + ", ".join(f"{k}: {v}" for k, v in sorted(cancels.items())) + " |",
+        f"| 5xx other than 503 | {sum(five_xx.values())} |",
+        f"| time to submit / to last end | {submitted_s:.0f} s / {ended_s:.0f} s |",
+        "",
+        "## Answers the client got (all retries counted)",
+        "",
+        "| request → answer | count |",
+        "|---|---|",
+        *(f"| {k} | {v} |" for k, v in sorted(run.answers.items())),
+        "",
+        "## Queues after the run",
+        "",
+        "Acknowledged entries are deleted (`XACK` + `XDEL`), so the priority streams hold "
+        "only what is still queued or in flight:",
+        "",
+        "| priority | XLEN | pending (unacked) |",
+        "|---|---|---|",
+        *(f"| {p} | {x} | {pe} |" for p, (x, pe) in audit["queues"].items()),
+        "",
+        f"Consumer names known to the groups: {audit['consumers']} (one per worker loop ever "
+        "started: a killed worker's name stays in the group; it holds no entries).",
+        "",
+        "Exit codes at the end (SIGTERM): "
+        + ", ".join(f"{k} {v}" for k, v in exit_codes.items())
+        + ".",
+        "",
+        "## How the figures are measured",
+        "",
+        "- *accepted*: submits answered 202 (or 200 for a retried `Idempotency-Key`).",
+        "- *lost*: an accepted id that `GET /v1/tasks/{id}` no longer knows (404).",
+        "- *finished twice*: a task whose event log (`{prefix}:ev:{id}`, written atomically "
+        "with each state change) holds more than one terminal event.",
+        "- *stuck*: an accepted task not terminal when the run ends (every task has "
+        f"{args.drain_timeout_s:g} s after the last submit).",
+        "- *samples recomputed*: the workers log each sample the engine starts and "
+        "returns; a `(task, sample)` pair started again is work redone after a kill: it "
+        "was in the engine (or finished but not yet saved) when its worker died. Samples "
+        "saved before a kill are never recomputed: the reclaiming worker runs only the "
+        "missing ones (*finished samples kept*, counted from each task's event log: "
+        "`sample` events before its last `running`).",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=2000)
+    p.add_argument("--rate", type=float, default=25.0, help="submits per second")
+    p.add_argument("--workers", type=int, default=3)
+    p.add_argument("--lease-s", type=float, default=3.0)
+    p.add_argument("--cancel-share", type=float, default=0.05)
+    p.add_argument("--redis-down-s", type=float, default=3.0, help="Redis outage length")
+    p.add_argument("--drain-timeout-s", type=float, default=300.0)
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--out", default=str(RESULTS / "chaos.md"))
+    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
+    p.add_argument("--commit", default=None, help="the code version to name in the report")
+    args = p.parse_args(argv)
+    args.commit = args.commit or code_version()
+    return args
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "--as-worker":
+        run_as_worker(sys.argv[2])
+    else:
+        with contextlib.suppress(KeyboardInterrupt):
+            sys.exit(asyncio.run(main(parse_args())))
