@@ -62,7 +62,7 @@ peers: .venv-peers/.installed
 .venv-peers/.installed:
 	$(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/pip install -q torch==2.13.0
-	.venv-peers/bin/pip install -q "ray[serve]"
+	.venv-peers/bin/pip install -q "ray[serve]" pydantic-settings
 	touch $@
 
 clean:
