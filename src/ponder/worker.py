@@ -13,7 +13,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
@@ -331,15 +331,30 @@ class TaskRun:
         the stored delivery records are kept and the write is tried again.
         """
         for _ in range(_SAVE_RETRIES):
-            if await self.store.update_task(self.task, events):
+            if await self._through_outage(lambda: self.store.update_task(self.task, events)):
                 self._stored = (self.task.status, self.task.attempts)
                 return
-            fresh = await self.store.get_task(self.task.id)
+            fresh = await self._through_outage(lambda: self.store.get_task(self.task.id))
             if fresh is None or (fresh.status, fresh.attempts) != self._stored:
                 raise TaskAbandoned(self.task.id)
             self.task.callback = fresh.callback
             self.task.rev = fresh.rev
         raise TaskAbandoned(self.task.id)
+
+    async def _through_outage(self, call: Callable[[], Awaitable[_R]]) -> _R:
+        """Run a store call, retrying with back-off while the store is unreachable, for up
+        to one lease (after that another worker may own the task: give it up)."""
+        deadline = time.monotonic() + self.settings.lease_s
+        delay_s = 0.05
+        while True:
+            try:
+                return await call()
+            except StoreUnavailable:
+                if time.monotonic() + delay_s > deadline:
+                    raise
+                log.warning("task %s: store unavailable, retrying the write", self.task.id)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
 
     async def _start(self) -> None:
         task = self.task
