@@ -17,8 +17,6 @@ __all__ = [
     "QueueFull",
     "RecoverableError",
     "StoreUnavailable",
-    "TaskConflict",
-    "TaskNotFound",
 ]
 
 
@@ -48,14 +46,6 @@ class QueueFull(RecoverableError):
 
 class BatcherFull(RecoverableError):
     """The batcher's buffer is at its limit; the caller should back off and retry."""
-
-
-class TaskNotFound(PonderError):
-    """No task with that id (or it belongs to another key)."""
-
-
-class TaskConflict(PonderError):
-    """The operation conflicts with the task's state (e.g. cancel of a finished task)."""
 
 
 class IdempotencyConflict(PonderError):
