@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
+import uvicorn
 
 from ponder.config import Settings, load_settings
 
@@ -92,12 +93,26 @@ async def store(settings: Settings) -> AsyncIterator[object]:
 # --- a real HTTP server on loopback ---------------------------------------------------
 
 
+async def start_uvicorn(server: uvicorn.Server) -> tuple[asyncio.Task[None], int]:
+    """Serve in the test's loop; return the serving task and the bound port.
+
+    uvicorn offers no start-up event, so this watches ``server.started`` (bounded by the
+    test's timeout) and fails at once if serving ended instead.
+    """
+    task = asyncio.create_task(server.serve())
+    while not server.started:
+        if task.done():
+            task.result()
+            raise RuntimeError("the server stopped during start-up")
+        await asyncio.sleep(0.01)
+    port: int = server.servers[0].sockets[0].getsockname()[1]
+    return task, port
+
+
 class LiveServer:
     """uvicorn serving ``create_app`` on 127.0.0.1 (a free port) inside the test's loop."""
 
     def __init__(self, settings: Settings, workers: int) -> None:
-        import uvicorn
-
         from ponder.api import create_app
 
         self.app = create_app(settings, workers=workers)
@@ -109,15 +124,8 @@ class LiveServer:
         self._task: asyncio.Task[None] | None = None
 
     async def __aenter__(self) -> LiveServer:
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
-                raise RuntimeError("the server stopped during start-up")
-            await asyncio.sleep(0.01)
-        (sock,) = [s for server in self.server.servers for s in server.sockets][:1]
-        host, port = sock.getsockname()[:2]
-        self.url = f"http://{host}:{port}"
+        self._task, port = await start_uvicorn(self.server)
+        self.url = f"http://127.0.0.1:{port}"
         return self
 
     async def __aexit__(self, *exc: object) -> None:

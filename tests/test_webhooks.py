@@ -28,7 +28,7 @@ from ponder.webhooks import (
     verify,
     webhook_id,
 )
-from tests.conftest import LiveServer
+from tests.conftest import LiveServer, start_uvicorn
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -222,12 +222,7 @@ class Receiver:
         await send({"type": "http.response.body", "body": b"nope" if status >= 300 else b"ok"})
 
     async def __aenter__(self) -> Receiver:
-        self._task = asyncio.create_task(self.server.serve())
-        while not self.server.started:
-            if self._task.done():
-                self._task.result()
-            await asyncio.sleep(0.01)
-        port = self.server.servers[0].sockets[0].getsockname()[1]
+        self._task, port = await start_uvicorn(self.server)
         self.url = f"http://127.0.0.1:{port}/hooks/ponder"
         return self
 
