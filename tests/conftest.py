@@ -150,19 +150,27 @@ async def client(server: LiveServer) -> AsyncIterator[httpx.AsyncClient]:
 async def wait_for_task(
     client: httpx.AsyncClient, task_id: str, timeout_s: float = 15.0
 ) -> dict[str, object]:
-    """Poll the task (as a client of the HTTP API would) until it is terminal."""
-    deadline = asyncio.get_running_loop().time() + timeout_s
-    delay = 0.02
-    while True:
-        response = await client.get(f"/v1/tasks/{task_id}")
-        assert response.status_code == 200, response.text
-        task: dict[str, object] = response.json()
-        if task["status"] in TERMINAL_NAMES:
-            return task
-        if asyncio.get_running_loop().time() > deadline:
-            raise AssertionError(f"task {task_id} still {task['status']} after {timeout_s}s")
-        await asyncio.sleep(delay)
-        delay = min(delay * 1.5, 0.25)
+    """Follow the task's event stream (no polling) until it ends; return the final Task.
+
+    The stream closes after the event that carries a terminal status (API.md).
+    """
+    url = f"/v1/tasks/{task_id}/events"
+    try:
+        async with (
+            asyncio.timeout(timeout_s),
+            client.stream("GET", url, timeout=httpx.Timeout(timeout_s)) as stream,
+        ):
+            assert stream.status_code == 200, await stream.aread()
+            async for _ in stream.aiter_lines():
+                pass
+    except TimeoutError:
+        status = (await client.get(f"/v1/tasks/{task_id}")).json()["status"]
+        raise AssertionError(f"task {task_id} still {status} after {timeout_s}s") from None
+    response = await client.get(f"/v1/tasks/{task_id}")
+    assert response.status_code == 200, response.text
+    task: dict[str, object] = response.json()
+    assert task["status"] in TERMINAL_NAMES, task
+    return task
 
 
 TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}
