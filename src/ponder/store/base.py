@@ -13,9 +13,23 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ponder.config import NUM_PRIORITIES
 from ponder.types import Task, TaskStatus
 
-__all__ = ["Claim", "Event", "TaskStore"]
+__all__ = ["Claim", "Event", "TaskStore", "check_new_task", "check_priorities"]
+
+
+def check_priorities(priorities: Sequence[int]) -> None:
+    """ValueError unless ``priorities`` is a non-empty list of levels 0..5."""
+    if not priorities or any(not 0 <= p < NUM_PRIORITIES for p in priorities):
+        raise ValueError(f"priorities must be levels 0..{NUM_PRIORITIES - 1}, at least one")
+
+
+def check_new_task(task: Task) -> None:
+    """ValueError unless ``task`` can be created: pending, with a valid priority."""
+    if task.status is not TaskStatus.pending:
+        raise ValueError("a new task must be pending")
+    check_priorities([task.priority])
 
 
 @dataclass(frozen=True)

@@ -40,7 +40,7 @@ from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Event, TaskStore
+from ponder.store.base import Claim, Event, TaskStore, check_new_task, check_priorities
 from ponder.types import Task, TaskStatus
 
 __all__ = ["RedisStore"]
@@ -182,11 +182,6 @@ def _unavailable() -> Iterator[None]:
         raise StoreUnavailable(f"Redis is unavailable: {e}") from e
 
 
-def _check_priorities(priorities: Sequence[int]) -> None:
-    if not priorities or any(not 0 <= p < NUM_PRIORITIES for p in priorities):
-        raise ValueError(f"priorities must be levels 0..{NUM_PRIORITIES - 1}, at least one")
-
-
 def _index_member(task_id: str) -> str:
     """The owner index's member of a task: sorts like creation order, holds the id."""
     return f"{sort_key(task_id)} {task_id}"
@@ -298,9 +293,7 @@ class RedisStore(TaskStore):
         idempotency_key: str | None = None,
         body_hash: str | None = None,
     ) -> tuple[Task, bool]:
-        if task.status is not TaskStatus.pending:
-            raise ValueError("a new task must be pending")
-        _check_priorities([task.priority])
+        check_new_task(task)
         keys = [
             self._task_key(task.id),
             self._queue_key(task.priority),
@@ -427,7 +420,7 @@ class RedisStore(TaskStore):
         between the two calls); the first in ``priorities`` order is kept and the others
         are released, which puts them at the end of their queues.
         """
-        _check_priorities(priorities)
+        check_priorities(priorities)
         keys = [self._queue_key(p) for p in priorities]
         with _unavailable():
             hit = await self._grouped(lambda: self._claim(keys=keys, args=[GROUP, consumer]))

@@ -31,7 +31,7 @@ from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Event, TaskStore
+from ponder.store.base import Claim, Event, TaskStore, check_new_task, check_priorities
 from ponder.types import Task, TaskStatus
 
 __all__ = ["SqliteStore"]
@@ -90,11 +90,6 @@ def _unavailable() -> Iterator[None]:
         yield
     except sqlite3.OperationalError as e:
         raise StoreUnavailable(f"the SQLite store is unavailable: {e}") from e
-
-
-def _check_priorities(priorities: Sequence[int]) -> None:
-    if not priorities or any(not 0 <= p < NUM_PRIORITIES for p in priorities):
-        raise ValueError(f"priorities must be levels 0..{NUM_PRIORITIES - 1}, at least one")
 
 
 class _Signal:
@@ -217,9 +212,7 @@ class SqliteStore(TaskStore):
         idempotency_key: str | None = None,
         body_hash: str | None = None,
     ) -> tuple[Task, bool]:
-        if task.status is not TaskStatus.pending:
-            raise ValueError("a new task must be pending")
-        _check_priorities([task.priority])
+        check_new_task(task)
         now = time.time()
         async with self._tx() as db:
             if idempotency_key is not None:
@@ -341,7 +334,7 @@ class SqliteStore(TaskStore):
 
     # --- worker side ------------------------------------------------------------------
     async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
-        _check_priorities(priorities)
+        check_priorities(priorities)
         deadline = asyncio.get_running_loop().time() + block_ms / 1000
         while True:
             woken = self._queued.waiter()
