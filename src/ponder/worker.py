@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
 from ponder.config import ModeConfig, Settings
+from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import (
     clarification_messages,
@@ -300,6 +301,9 @@ class TaskRun:
         #: the engine rows of the running samples, by sample index
         self._rows: dict[int, SampleRequest] = {}
         self._deadline_passed = False
+        self._deltas = DeltaPublisher(
+            self.store, claim.task_id, self.settings.delta_interval_ms / 1000
+        )
 
     @property
     def mode(self) -> ModeConfig:
@@ -514,6 +518,7 @@ class TaskRun:
             else task.priority,
             task_id=task.id,
             timeout_s=task.sample_timeout_s,
+            on_text=self._deltas.writer(sample.index),
         )
         self._rows[sample.index] = request
         started = time.monotonic()
@@ -540,6 +545,7 @@ class TaskRun:
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
+            await self._deltas.end(sample.index)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)
