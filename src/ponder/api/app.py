@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ponder import __version__
-from ponder.api import events, openai_compat, ops, tasks
+from ponder.api import console, events, openai_compat, ops, overview, tasks
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
@@ -38,6 +38,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
             from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
 
             runtime = WorkerRuntime(settings, store, workers=workers)
+        app.state.runtime = runtime  # the console's overview reads its engine and workers
         try:
             if runtime is not None:
                 await runtime.start()
@@ -59,4 +60,6 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     app.include_router(events.router)
     app.include_router(openai_compat.router)
     app.include_router(ops.router)
+    app.include_router(overview.router)
+    app.include_router(console.router)
     return app
