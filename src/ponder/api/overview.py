@@ -22,6 +22,7 @@ for them.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import deque
 from dataclasses import dataclass, field
@@ -95,17 +96,13 @@ class _History:
         difference of successive snapshots, counted in the minute of the later one."""
         now = self.snapshots[-1].at
         start = (int(now) // _BUCKET_S - _BUCKETS + 1) * _BUCKET_S
-        buckets = [
-            {"start": _iso(start + i * _BUCKET_S), **dict.fromkeys(_FINISHED, 0)}
-            for i in range(_BUCKETS)
-        ]
-        pairs = zip(self.snapshots, list(self.snapshots)[1:], strict=False)
-        for before, after in pairs:
+        counts = [dict.fromkeys(_FINISHED, 0) for _ in range(_BUCKETS)]
+        for before, after in itertools.pairwise(self.snapshots):
             slot = (int(after.at) - start) // _BUCKET_S
             if 0 <= slot < _BUCKETS:
                 for status in _FINISHED:
-                    buckets[slot][status] += round(after.finished[status] - before.finished[status])
-        return buckets
+                    counts[slot][status] += round(after.finished[status] - before.finished[status])
+        return [{"start": _iso(start + i * _BUCKET_S), **bucket} for i, bucket in enumerate(counts)]
 
 
 def _iso(at: float) -> str:
