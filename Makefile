@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality chaos soak peers clean
+.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality bench-streaming chaos soak peers screenshots clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,13 @@ bench-engine: install
 
 bench-quality: install
 	scripts/with-redis $(PY) bench/quality.py
+
+bench-streaming: install
+	$(PY) bench/streaming.py
+
+## The console's screenshots in docs/ (headless Chromium from Debian's chromium package).
+screenshots: install
+	$(PY) -m tests.console.screenshots
 
 ## Reliability runs, each over its own redis-server on a free port (never the shared one):
 ## workers SIGKILLed + a Redis restart (bench/results/chaos.md); 20,000 submits at 2x the

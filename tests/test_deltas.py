@@ -58,8 +58,9 @@ async def test_pieces_are_coalesced_to_one_event_per_interval_and_sample(
         await asyncio.sleep(0.005)
     await asyncio.sleep(INTERVAL_S * 2)  # the last pieces' flush
     elapsed = loop.time() - started
-    await publisher.end(0)
-    await publisher.end(1)
+    publisher.end(0)
+    publisher.end(1)
+    await publisher.idle()
     events = await deltas_of(store, task)
     for index in (0, 1):
         mine = [e for e in events if e.data["index"] == index]
@@ -83,7 +84,8 @@ async def test_the_first_piece_is_written_without_waiting_for_an_interval(
         ("delta", {"index": 0, "offset": 0, "text": "Let"})
     ]
     write(" me")  # due only a minute later: dropped when the sample ends first
-    await publisher.end(0)
+    publisher.end(0)
+    await publisher.idle()
     assert len(await deltas_of(store, task)) == 1
 
 
@@ -92,8 +94,9 @@ async def test_no_delta_of_a_sample_follows_its_end(store: TaskStore) -> None:
     publisher = DeltaPublisher(store, task.id, INTERVAL_S)
     write = publisher.writer(3)
     assert write is not None
-    write("abc")  # written at once: end() waits for that write
-    await publisher.end(3)
+    write("abc")  # written at once; the worker waits for it before writing the record
+    publisher.end(3)
+    await publisher.idle()
     assert [e.data["text"] for e in await deltas_of(store, task)] == ["abc"]
     task.samples_done = 1
     assert await store.update_task(task, [("sample", {"index": 3})])
@@ -109,12 +112,14 @@ async def test_a_sample_started_again_begins_at_offset_zero(store: TaskStore) ->
     first = publisher.writer(0)
     assert first is not None
     first("old text")
-    await publisher.end(0)
+    publisher.end(0)
+    await publisher.idle()
     again = publisher.writer(0)
     assert again is not None
     again("new")
     await asyncio.sleep(INTERVAL_S * 2)  # flushed one interval after the first write
-    await publisher.end(0)
+    publisher.end(0)
+    await publisher.idle()
     events = await deltas_of(store, task)
     assert [e.data["offset"] for e in events] == [0, 0]
     assert rebuild(events, 0) == "new"
@@ -138,6 +143,7 @@ async def test_a_failed_write_is_dropped_and_logged(caplog: pytest.LogCaptureFix
     assert write is not None
     with caplog.at_level(logging.DEBUG, logger="ponder.worker"):
         write("x")
-        await publisher.end(0)
+        publisher.end(0)
+        await publisher.idle()
     assert publisher.events_written == 0
     assert "1 delta event(s) dropped" in caplog.text

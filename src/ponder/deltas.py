@@ -14,16 +14,17 @@ appends them to the task's event log with :meth:`~ponder.store.base.TaskStore.ap
   character ``n`` of sample ``i``'s text, so ``text_so_far[:n] + text`` is the sample's
   text so far, also for a client that joined late, and a sample rerun from the start
   (after a worker crash) begins again at offset 0.
-- **Ordered before the sample's end.** When a sample ends, its unwritten text is dropped
-  (its ``sample`` event carries the whole, final text: stop strings cut) and
-  :meth:`DeltaPublisher.end` waits for a write in progress that carries its text: no delta
-  of a sample follows its ``sample`` event.
+- **Ordered before the sample's end.** When a sample ends (:meth:`DeltaPublisher.end`),
+  its unwritten text is dropped (its ``sample`` event carries the whole, final text: stop
+  strings cut), and the worker awaits :meth:`DeltaPublisher.idle` before each write of the
+  task record: a delta write in progress lands first, so no delta of a sample follows its
+  ``sample`` event. (Ending a sample does not wait: a sample's end must not be delayed,
+  or samples that end together would seem to end apart to the vote.)
 - **Best effort.** A failed write (store outage) is logged and dropped: the next delta
   places its text by offset, and the ``sample`` event has it all.
 
-The write in progress is the publisher's one background task; every sample's
-:meth:`~DeltaPublisher.end` awaits the writes that carry its text, so once the run's
-samples have ended, nothing of the publisher is left running.
+The write in progress is the publisher's one background task; its owner, the task run,
+awaits it with :meth:`~DeltaPublisher.idle` before each record write and when the run ends.
 """
 
 from __future__ import annotations
@@ -57,7 +58,6 @@ class DeltaPublisher:
         self._offsets: dict[int, int] = {}
         self._timer: asyncio.TimerHandle | None = None
         self._writing: asyncio.Task[None] | None = None
-        self._writing_indices: frozenset[int] = frozenset()
         self._last_flush = -float("inf")
         #: events handed to the store (tests and benchmarks read it)
         self.events_written = 0
@@ -80,17 +80,20 @@ class DeltaPublisher:
 
         return on_text
 
-    async def end(self, index: int) -> None:
-        """Sample ``index`` ended: drop its unwritten text, wait for a write carrying it."""
+    def end(self, index: int) -> None:
+        """Sample ``index`` ended: drop its unwritten text; later pieces are ignored."""
         self._pending.pop(index, None)
         self._offsets.pop(index, None)
         if not any(self._pending.values()) and self._timer is not None:
             self._timer.cancel()
             self._timer = None
-        writing = self._writing
-        if writing is not None and index in self._writing_indices:
-            # shielded: a cancelled sample must not cut the write short for the others
-            await asyncio.shield(writing)
+
+    async def idle(self) -> None:
+        """Wait until no delta write is in progress (call before writing the record)."""
+        if self._writing is not None:
+            # shielded: a caller cancelled while waiting leaves the write to end by itself
+            # (it is one store call, bounded by the store's timeout)
+            await asyncio.shield(self._writing)
 
     # --- flushing ---------------------------------------------------------------------
     def _schedule(self) -> None:
@@ -116,7 +119,6 @@ class DeltaPublisher:
         if not events:
             return
         self._last_flush = asyncio.get_running_loop().time()
-        self._writing_indices = frozenset(e[1]["index"] for e in events)
         self._writing = asyncio.create_task(self._write(events), name=f"deltas-{self.task_id}")
         self._writing.add_done_callback(self._written)
 
@@ -129,7 +131,6 @@ class DeltaPublisher:
 
     def _written(self, task: asyncio.Task[None]) -> None:
         self._writing = None
-        self._writing_indices = frozenset()
         if not task.cancelled() and task.exception() is not None:
             log.error("task %s: delta write failed", self.task_id, exc_info=task.exception())
         if any(self._pending.values()):

@@ -341,6 +341,8 @@ class TaskRun:
         except Exception as e:  # an unexpected bug must still end the task
             log.exception("task %s failed unexpectedly", self.task.id)
             await asyncio.shield(self._finish_failed("internal", f"worker error: {e}"))
+        finally:
+            await self._deltas.idle()
         return True
 
     async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
@@ -350,6 +352,7 @@ class TaskRun:
         abandoned), or a webhook delivery recording its attempt on the running task: then
         the stored delivery records are kept and the write is tried again.
         """
+        await self._deltas.idle()  # a delta in flight lands before the events below
         for _ in range(_SAVE_RETRIES):
             if await self._through_outage(lambda: self.store.update_task(self.task, events)):
                 self._stored = (self.task.status, self.task.attempts)
@@ -545,7 +548,7 @@ class TaskRun:
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
-            await self._deltas.end(sample.index)
+            self._deltas.end(sample.index)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)

@@ -87,5 +87,5 @@ def screenshot(driver: WebDriver, path: Path, *, full_page: bool = True) -> None
 
 def console_log(driver: WebDriver) -> list[dict[str, Any]]:
     """The browser console's entries since the last call (errors, warnings, messages)."""
-    entries: list[dict[str, Any]] = driver.get_log("browser")
-    return entries
+    chromium_driver: Any = driver  # get_log is Chromium's own, not in WebDriver's type
+    return list(chromium_driver.get_log("browser"))

@@ -10,8 +10,9 @@ import httpx
 import pytest
 
 from ponder.api.deps import key_digest
+from tests.conftest import ThreadedServer
 from tests.console.browser import DESKTOP, PHONE, console_log, set_viewport
-from tests.console.conftest import ThreadedServer, console_settings
+from tests.console.conftest import app_service, console_settings
 
 if TYPE_CHECKING:
     from selenium.webdriver.remote.webdriver import WebDriver
@@ -156,7 +157,7 @@ def test_with_api_keys_it_asks_for_one_and_shows_only_that_keys_tasks(
     page: WebDriver, tmp_path: Path
 ) -> None:
     settings = console_settings(tmp_path, api_keys=[key_digest("pk_a"), key_digest("pk_b")])
-    with ThreadedServer(settings, workers=1) as live:
+    with app_service(settings) as live:
         theirs = submit(live.url, {"prompt": "[[answers: 1]]", "mode": "fast"}, key="pk_a")
         mine = submit(live.url, {"prompt": "[[answers: 2]] [[tokens: 60]]", "mode": "fast"},
                       key="pk_b")  # fmt: skip
@@ -189,7 +190,7 @@ def test_with_api_keys_it_asks_for_one_and_shows_only_that_keys_tasks(
 
 def test_the_overview_of_an_api_only_process(page: WebDriver, tmp_path: Path) -> None:
     """The split deployment: no engine here, so the overview has the store's figures."""
-    with ThreadedServer(console_settings(tmp_path), workers=0) as live:
+    with app_service(console_settings(tmp_path), workers=0) as live:
         for priority in (0, 3, 3):
             submit(live.url, {"prompt": "x", "priority": priority})
         page.get(f"{live.url}/console")
