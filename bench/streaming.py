@@ -238,14 +238,22 @@ def report(args: argparse.Namespace, settings: Settings, first: dict[str, Any],
         f"{', '.join(r['statuses'])} |"
         for i, r in enumerate(rounds)
     )
+    machine = (
+        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"Python {platform.python_version()}"
+    )
+    service = (
+        f"model {settings.model} on the CPU (engine `{settings.engine}`, torch threads "
+        f"{settings.torch_threads or 'auto'}, up to {settings.engine_max_rows} rows), "
+        "the embedded store"
+    )
+    verdict = "goal met" if loss_ok else "goal NOT met"
     return f"""# Streaming benchmark: delta events with the real model
 
 Command: `{" ".join([".venv/bin/python", "bench/streaming.py", *sys.argv[1:]])}`
 Date: {time.strftime("%Y-%m-%d %H:%M %Z")}
-Machine: {platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, Python
-{platform.python_version()}; model {settings.model} on the CPU (engine `{settings.engine}`,
-torch threads {settings.torch_threads or "auto"}, up to {settings.engine_max_rows} rows), the
-embedded store.
+Machine: {machine}
+Service: {service}
 Load before: `{load[0]}`
 Load after: `{load[1]}`
 
@@ -273,7 +281,7 @@ Rounds of {args.concurrent} standard tasks (3 samples each, early stopping off,
 {rows}
 
 Median tokens/s: off **{statistics.median(off):.1f}**, on **{statistics.median(on):.1f}**:
-**{100 * loss:+.1f} %** fewer with deltas on ({"goal met" if loss_ok else "goal NOT met"}).
+**{100 * loss:.1f} %** fewer with deltas on (negative: more): {verdict}.
 Deltas per sample-second stays at or below 10: the coalescing bound (one event per sample
 per 100 ms at most).
 """
