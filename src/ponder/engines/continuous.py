@@ -187,6 +187,9 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         loop = asyncio.get_running_loop()
         row = self._new_row(request, loop.create_future(), loop, self._clock())
         self._queue.put(row)  # EngineBusy when full
+        dead = self._dead
+        if dead is not None and self._queue.discard(row):
+            raise dead  # the loop ended meanwhile and will not take it
         request.on_cancel(lambda: self._on_cancel(row))
         self._wake()
         try:
