@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ponder import __version__
-from ponder.api import events, openai_compat, ops, tasks
+from ponder.api import events, openai_compat, ops, responses, tasks
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
@@ -58,5 +58,6 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(openai_compat.router)
+    app.include_router(responses.router)
     app.include_router(ops.router)
     return app

@@ -33,12 +33,14 @@ from ponder.errors import IdempotencyConflict, QueueFull, RecoverableError
 from ponder.ids import IdGenerator
 from ponder.store.base import TaskStore
 from ponder.types import Task, TaskStatus
+from ponder.webhooks import check_callback_url
 
 __all__ = [
     "OpenAIError",
     "TaskSink",
     "abandon",
     "caller",
+    "check_webhook_url",
     "failure",
     "invalid",
     "mode_of",
@@ -232,16 +234,18 @@ async def submit(
     owner: str,
     idempotency_key: str | None,
     *,
+    task_id: str | None = None,
     batch: bool = False,
 ) -> tuple[Task, bool]:
-    """Build the task of ``req`` and store it; the task and whether it is new.
+    """Build the task of ``req`` (with ``task_id``, or a new id) and store it; the task and
+    whether it is new.
 
     ``batch``: a batch line (admitted against the batch lines' own backlog of
     ``batch_max_in_flight``, at ``batch_priority``). Errors in OpenAI's shape.
     """
     settings = sink.settings
     try:
-        task = build_task(req, settings, task_id=sink.ids.new_id(), owner=owner)
+        task = build_task(req, settings, task_id=task_id or sink.ids.new_id(), owner=owner)
         if batch:
             task.priority = settings.batch_priority
         stored, created = await sink.store.create_task(
@@ -274,6 +278,24 @@ def task_request(fields: Mapping[str, Any], prefix: str = "") -> TaskCreate:
         return TaskCreate.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         raise invalid(e, prefix) from e
+
+
+async def check_webhook_url(url: str, settings: Settings, param: str) -> None:
+    """A webhook URL a request names: signing must be configured and the host public
+    (the SSRF guard of task callbacks); 422 naming ``param`` otherwise."""
+    if settings.webhook_secret is None:
+        raise OpenAIError(
+            422,
+            "invalid",
+            f"{param}: this service has no webhook signing secret; its operator must set "
+            "PONDER_WEBHOOK_SECRET (`ponder keys webhook-secret` prints one)",
+            param=param,
+        )
+    try:
+        await check_callback_url(url, settings.callback_allow_private)
+    except ValueError as e:
+        message = str(e).replace("callback_url", param, 1)
+        raise OpenAIError(422, "invalid", message, param=param) from e
 
 
 # --- task → answer --------------------------------------------------------------------
