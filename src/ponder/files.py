@@ -42,9 +42,17 @@ class FileStore:
         self.ttl_s = settings.files_ttl_s
         self.dir = Path(settings.files_dir).expanduser() if settings.files_dir else None
 
-    async def create(self, *, file_id: str, raw_id: str, owner: str, filename: str,
-                     purpose: str, content: str, extra: dict[str, Any] | None = None,
-                     ) -> StoredObject:  # fmt: skip
+    async def create(
+        self,
+        *,
+        file_id: str,
+        raw_id: str,
+        owner: str,
+        filename: str,
+        purpose: str,
+        content: str,
+        extra: dict[str, Any] | None = None,
+    ) -> StoredObject:
         """Store a file (written again under the same id: its content is replaced)."""
         if not _SAFE_ID.match(file_id):
             raise ValueError(f"not a file id: {file_id!r}")

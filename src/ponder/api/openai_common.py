@@ -15,7 +15,7 @@ import contextlib
 import functools
 import json
 import logging
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, Protocol
 
 from fastapi import Request
@@ -40,9 +40,11 @@ __all__ = [
     "TaskSink",
     "abandon",
     "caller",
+    "check_metadata",
     "check_webhook_url",
     "failure",
     "invalid",
+    "list_body",
     "mode_of",
     "openai_errors",
     "ponder_field",
@@ -69,6 +71,8 @@ _ERROR_TYPES = {
     422: "invalid_request_error",
     429: "rate_limit_error",
 }
+
+_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 #: content part types read as text: chat's ``text``, the Responses API's input and output
 _TEXT_PARTS = frozenset({"text", "input_text", "output_text"})
@@ -217,6 +221,31 @@ def text_of(content: Any, where: str) -> str:
     raise OpenAIError(
         422, "invalid", f"{where}: give a string or a list of text parts", param=where
     )
+
+
+def check_metadata(value: dict[str, str] | None) -> dict[str, str] | None:
+    """OpenAI's metadata rule (a pydantic validator's body): at most 16 pairs, keys up to
+    64 characters, values up to 512."""
+    if value is not None and (
+        len(value) > _METADATA_PAIRS
+        or any(len(k) > _METADATA_KEY or len(v) > _METADATA_VALUE for k, v in value.items())
+    ):
+        raise ValueError(
+            f"at most {_METADATA_PAIRS} pairs, keys up to {_METADATA_KEY} and values up to "
+            f"{_METADATA_VALUE} characters"
+        )
+    return value
+
+
+def list_body(data: Sequence[Mapping[str, Any]], more: bool) -> dict[str, Any]:
+    """OpenAI's cursor page of objects (``after`` = the last id of a page)."""
+    return {
+        "object": "list",
+        "data": list(data),
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": more,
+    }
 
 
 # --- request → task -------------------------------------------------------------------

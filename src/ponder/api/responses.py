@@ -43,8 +43,10 @@ from ponder.api.openai_common import (
     OpenAIError,
     abandon,
     caller,
+    check_metadata,
     check_webhook_url,
     invalid,
+    list_body,
     mode_of,
     openai_errors,
     ponder_field,
@@ -77,7 +79,6 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 
 KIND = "response"
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
-_METADATA_PAIRS, _METADATA_KEY, _METADATA_VALUE = 16, 64, 512
 
 STATUS = {
     TaskStatus.pending: "queued",
@@ -122,18 +123,7 @@ class ResponseCreateRequest(BaseModel):
     stop: str | list[str] | None = None
     webhook_url: str | None = Field(default=None, max_length=2000)
 
-    @field_validator("metadata")
-    @classmethod
-    def _openai_metadata(cls, value: dict[str, str] | None) -> dict[str, str] | None:
-        if value is not None and (
-            len(value) > _METADATA_PAIRS
-            or any(len(k) > _METADATA_KEY or len(v) > _METADATA_VALUE for k, v in value.items())
-        ):
-            raise ValueError(
-                f"at most {_METADATA_PAIRS} pairs, keys up to {_METADATA_KEY} and values up "
-                f"to {_METADATA_VALUE} characters"
-            )
-        return value
+    _metadata = field_validator("metadata")(check_metadata)
 
 
 # --- request → task -------------------------------------------------------------------
@@ -144,8 +134,9 @@ def _input_items(req: ResponseCreateRequest, task_id: str, prefix: str) -> list[
     else:
         raw = req.input
     if not raw:
-        raise OpenAIError(422, "invalid", f"{prefix}input: give at least one message",
-                          param=f"{prefix}input")  # fmt: skip
+        raise OpenAIError(
+            422, "invalid", f"{prefix}input: give at least one message", param=f"{prefix}input"
+        )
     items = []
     for i, item in enumerate(raw):
         where = f"{prefix}input[{i}]"
@@ -184,8 +175,9 @@ def parse_response_body(
     except ValidationError as e:
         raise invalid(e, prefix) from e
     if req.tools:
-        raise OpenAIError(422, "invalid", f"{prefix}tools: tools are not supported",
-                          param=f"{prefix}tools")  # fmt: skip
+        raise OpenAIError(
+            422, "invalid", f"{prefix}tools: tools are not supported", param=f"{prefix}tools"
+        )
     if req.previous_response_id is not None:
         raise OpenAIError(
             422,
@@ -194,8 +186,12 @@ def parse_response_body(
             param=f"{prefix}previous_response_id",
         )
     if req.background and not req.store:
-        raise OpenAIError(422, "invalid", f"{prefix}store: background responses need store",
-                          param=f"{prefix}store")  # fmt: skip
+        raise OpenAIError(
+            422,
+            "invalid",
+            f"{prefix}store: background responses need store",
+            param=f"{prefix}store",
+        )
     items = _input_items(req, task_id, prefix)
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages += [{"role": i["role"], "content": i["content"][0]["text"]} for i in items]
@@ -230,8 +226,13 @@ def parse_response_body(
 # --- task → response ------------------------------------------------------------------
 def _message(task: Task, status: str, text: str | None) -> dict[str, Any]:
     content = [] if text is None else [_text_part(text)]
-    return {"type": "message", "id": f"msg_{task.id}", "status": status, "role": "assistant",
-            "content": content}  # fmt: skip
+    return {
+        "type": "message",
+        "id": f"msg_{task.id}",
+        "status": status,
+        "role": "assistant",
+        "content": content,
+    }
 
 
 def _text_part(text: str) -> dict[str, Any]:
@@ -343,8 +344,7 @@ class ResponseEvents:
 
     def _delta(self, text: str) -> list[dict[str, Any]]:
         self._sent += text
-        return [self._emit("response.output_text.delta", **self._where(), delta=text,
-                           logprobs=[])]  # fmt: skip
+        return [self._emit("response.output_text.delta", **self._where(), delta=text, logprobs=[])]
 
     def map(self, event: Event, final: Task | None = None) -> list[dict[str, Any]]:
         """The response events of one task event; ``final``: the ended task, given with
@@ -354,8 +354,10 @@ class ResponseEvents:
             return self._finish(final)
         if event.event == "status" and data.get("status") == TaskStatus.pending:
             snapshot = response_object(self.meta, self.task, as_of=TaskStatus.pending)
-            return [self._emit("response.created", response=snapshot),
-                    self._emit("response.queued", response=snapshot)]  # fmt: skip
+            return [
+                self._emit("response.created", response=snapshot),
+                self._emit("response.queued", response=snapshot),
+            ]
         if event.event == "status" and data.get("status") == TaskStatus.running:
             if self._running:
                 return []
@@ -380,12 +382,19 @@ class ResponseEvents:
             out += self._open()
             if not self._sent or (text.startswith(self._sent) and text != self._sent):
                 out += self._delta(text[len(self._sent) :])
-            out.append(self._emit("response.output_text.done", **self._where(), text=text,
-                                  logprobs=[]))  # fmt: skip
-            out.append(self._emit("response.content_part.done", **self._where(),
-                                  part=_text_part(text)))  # fmt: skip
-            out.append(self._emit("response.output_item.done", output_index=0,
-                                  item=_message(task, "completed", text)))  # fmt: skip
+            out.append(
+                self._emit("response.output_text.done", **self._where(), text=text, logprobs=[])
+            )
+            out.append(
+                self._emit("response.content_part.done", **self._where(), part=_text_part(text))
+            )
+            out.append(
+                self._emit(
+                    "response.output_item.done",
+                    output_index=0,
+                    item=_message(task, "completed", text),
+                )
+            )
         kind = _TERMINAL_EVENTS[task.status]
         return [*out, self._emit(kind, response=response_object(self.meta, task))]
 
@@ -472,11 +481,18 @@ async def create_response(request: Request) -> Response:
     req, meta, task_req = parse_response_body(body, state.settings, task_id)
     if req.webhook_url is not None and meta["webhook_url"] is not None:
         await check_webhook_url(req.webhook_url, state.settings, "webhook_url")
-    task, created = await submit(state, task_req, owner, request.headers.get("idempotency-key"),
-                                 task_id=task_id)  # fmt: skip
+    task, created = await submit(
+        state, task_req, owner, request.headers.get("idempotency-key"), task_id=task_id
+    )
     if created and req.store:
-        obj = StoredObject(KIND, f"resp_{task.id}", owner, sort_key(task.id), meta,
-                           active=meta["webhook_url"] is not None)  # fmt: skip
+        obj = StoredObject(
+            KIND,
+            f"resp_{task.id}",
+            owner,
+            sort_key(task.id),
+            meta,
+            active=meta["webhook_url"] is not None,
+        )
         await state.store.create_object(obj, ttl_s=2 * state.settings.task_ttl_s)
     elif not created and req.store:
         meta = (await _load(state, f"resp_{task.id}", owner))[0].data
@@ -567,13 +583,4 @@ async def list_input_items(response_id: str, request: Request) -> Response:
         if after not in ids:
             raise OpenAIError(422, "invalid", f"after: no input item {after!r}", param="after")
         items = items[ids.index(after) + 1 :]
-    page = items[:limit]
-    return JSONResponse(
-        {
-            "object": "list",
-            "data": page,
-            "first_id": page[0]["id"] if page else None,
-            "last_id": page[-1]["id"] if page else None,
-            "has_more": len(items) > limit,
-        }
-    )
+    return JSONResponse(list_body(items[:limit], len(items) > limit))

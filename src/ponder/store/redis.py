@@ -428,9 +428,10 @@ class RedisStore(TaskStore):
                         pipe.hget(self._task_key(_task_id(member)), "status")
                     statuses: list[str | None] = await pipe.execute()
                 matches = [
-                    m for m, s in zip(members, statuses, strict=True)
+                    m
+                    for m, s in zip(members, statuses, strict=True)
                     if s is not None and (status is None or s == status.value)
-                ]  # fmt: skip
+                ]
                 taken = matches[: limit + 1 - len(found)]
                 async with self._r.pipeline(transaction=False) as pipe:
                     for member in taken:
@@ -644,8 +645,13 @@ class RedisStore(TaskStore):
 
     async def update_object(self, obj: StoredObject, *, ttl_s: float | None = None) -> bool:
         keys = [self._object_key(obj.kind, obj.id), self._active_key(obj.kind)]
-        args: list[str | int] = [obj.rev, json.dumps(obj.data), "1" if obj.active else "0",
-                "" if ttl_s is None else _ms(ttl_s), f"{obj.sort_key} {obj.id}"]  # fmt: skip
+        args: list[str | int] = [
+            obj.rev,
+            json.dumps(obj.data),
+            "1" if obj.active else "0",
+            "" if ttl_s is None else _ms(ttl_s),
+            f"{obj.sort_key} {obj.id}",
+        ]
         with _unavailable():
             written = await self._object_scripts["update"](keys=keys, args=args)
         if written:

@@ -463,13 +463,22 @@ class SqliteStore(TaskStore):
     async def create_object(self, obj: StoredObject, *, ttl_s: float) -> bool:
         now = time.time()
         async with self._tx() as db:
-            await db.execute("DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at <= ?",
-                             (obj.kind, obj.id, now))  # fmt: skip
+            await db.execute(
+                "DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at <= ?",
+                (obj.kind, obj.id, now),
+            )
             cur = await db.execute(
                 "INSERT OR IGNORE INTO objects VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
-                (obj.kind, obj.id, obj.owner, obj.sort_key, int(obj.active),
-                 json.dumps(obj.data), now + ttl_s),
-            )  # fmt: skip
+                (
+                    obj.kind,
+                    obj.id,
+                    obj.owner,
+                    obj.sort_key,
+                    int(obj.active),
+                    json.dumps(obj.data),
+                    now + ttl_s,
+                ),
+            )
         if cur.rowcount == 1:
             obj.rev = 0
         return cur.rowcount == 1
@@ -491,9 +500,16 @@ class SqliteStore(TaskStore):
                 "UPDATE objects SET data = ?, rev = rev + 1, active = ?,"
                 " expires_at = COALESCE(?, expires_at)"
                 " WHERE kind = ? AND id = ? AND rev = ? AND expires_at > ?",
-                (json.dumps(obj.data), int(obj.active), None if ttl_s is None else now + ttl_s,
-                 obj.kind, obj.id, obj.rev, now),
-            )  # fmt: skip
+                (
+                    json.dumps(obj.data),
+                    int(obj.active),
+                    None if ttl_s is None else now + ttl_s,
+                    obj.kind,
+                    obj.id,
+                    obj.rev,
+                    now,
+                ),
+            )
         if cur.rowcount == 1:
             obj.rev += 1
         return cur.rowcount == 1
