@@ -236,6 +236,7 @@ def render(args: argparse.Namespace, capacity: float, alone: Phase, mixed: Phase
            redis_info: str, load_start: float) -> str:  # fmt: skip
     counts = batch.request_counts
     span_s = (batch.completed_at or time.time()) - (batch.in_progress_at or batch.created_at)
+    throughput = counts.completed / span_s
     ratio = percentile(mixed.latencies_s, 99) / percentile(alone.latencies_s, 99)
     met = batch.status == "completed" and ratio <= 1.5 and mixed.refused == 0
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
@@ -277,7 +278,7 @@ refused, the batch completed): **{"met" if met else "not met"}** (p99 ratio {rat
 | status | {batch.status} |
 | lines completed / failed / total | {counts.completed} / {counts.failed} / {counts.total} |
 | in progress → completed | {span_s:.1f} s |
-| throughput | **{counts.completed / span_s:.1f} lines/s** ({counts.completed / span_s / capacity:.0%} of capacity) |
+| throughput | **{throughput:.1f} lines/s** ({throughput / capacity:.0%} of capacity) |
 | interactive p99 with / without the batch | {ratio:.2f} x |
 """
 
