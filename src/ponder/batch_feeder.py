@@ -52,10 +52,10 @@ from ponder.batches import (
     KIND,
     NOT_RUN,
     BatchLine,
-    batch_usage,
     error_line,
     output_line,
     read_lines,
+    usage_object,
 )
 from ponder.config import Settings
 from ponder.errors import RecoverableError
@@ -355,7 +355,7 @@ class BatchFeeder:
         if ok is not None:
             batch["request_counts"]["completed" if ok else "failed"] += 1
         total = batch["usage"]
-        batch["usage"] = batch_usage(
+        batch["usage"] = usage_object(
             total["input_tokens"] + usage[0], total["output_tokens"] + usage[1]
         )
 

@@ -21,7 +21,6 @@ __all__ = [
     "KIND",
     "NOT_RUN",
     "BatchLine",
-    "batch_usage",
     "check_batch_file",
     "error_line",
     "new_batch",
@@ -29,6 +28,7 @@ __all__ = [
     "parse_window",
     "public_batch",
     "read_lines",
+    "usage_object",
 ]
 
 KIND = "batch"
@@ -161,7 +161,7 @@ def new_batch(
         "cancelling_at": None,
         "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "usage": batch_usage(0, 0),
+        "usage": usage_object(0, 0),
         "metadata": metadata,
     }
     state = {"next_line": 0, "in_flight": {}, "ending": None, "webhook_url": webhook_url}
@@ -173,7 +173,8 @@ def public_batch(obj: StoredObject) -> dict[str, Any]:
     return batch
 
 
-def batch_usage(prompt: int, completion: int) -> dict[str, Any]:
+def usage_object(prompt: int, completion: int) -> dict[str, Any]:
+    """OpenAI's usage object of responses and batches."""
     return {
         "input_tokens": prompt,
         "input_tokens_details": {"cached_tokens": 0},

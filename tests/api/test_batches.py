@@ -5,6 +5,7 @@ a restart of every process, the batch lines' own backlog, tenancy and errors."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 from collections.abc import AsyncIterator
 from typing import Any
@@ -39,6 +40,16 @@ async def live(settings: Settings) -> AsyncIterator[LiveServer]:
 async def sdk(live: LiveServer) -> AsyncIterator[AsyncOpenAI]:
     async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as c:
         yield c
+
+
+@contextlib.asynccontextmanager
+async def serving(settings: Settings, workers: int = 1) -> AsyncIterator[AsyncOpenAI]:
+    """The service on loopback and an SDK client of it."""
+    async with (
+        LiveServer(settings, workers=workers) as live,
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
+    ):
+        yield sdk
 
 
 def chat_line(custom_id: str, prompt: str, **body: Any) -> dict[str, Any]:
@@ -199,10 +210,7 @@ async def test_bad_lines(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:
 async def test_a_batch_cancelled_midway_keeps_its_finished_lines(settings: Settings) -> None:
     lines = [chat_line(f"c{i}", "[[answers: 7]] [[sleep_ms: 100]]") for i in range(40)]
     slow = fast_settings(settings, batch_max_in_flight=4)
-    async with (
-        LiveServer(slow, workers=1) as live,
-        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(slow) as sdk:
         batch = await sdk.batches.create(
             input_file_id=await upload(sdk, lines), endpoint=CHAT, completion_window="24h"
         )
@@ -234,10 +242,7 @@ async def test_an_expired_batch_keeps_its_finished_lines(settings: Settings) -> 
     lines += [chat_line(f"h{i}", "[[hang]]") for i in range(3)]
     # three in flight: the lines that hang start only after the others finished (the
     # scripted engine answers an engine batch when all its rows are done)
-    async with (
-        LiveServer(fast_settings(settings, batch_max_in_flight=3), workers=1) as live,
-        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(fast_settings(settings, batch_max_in_flight=3)) as sdk:
         batch = await sdk.batches.create(
             input_file_id=await upload(sdk, lines),
             endpoint=CHAT,
@@ -255,19 +260,13 @@ async def test_an_expired_batch_keeps_its_finished_lines(settings: Settings) -> 
 async def test_a_batch_survives_a_restart_of_every_process(settings: Settings) -> None:
     lines = [chat_line(f"s{i}", f"[[answers: {i}]] [[sleep_ms: 20]]") for i in range(60)]
     slow = fast_settings(settings, batch_max_in_flight=4)
-    async with (
-        LiveServer(slow, workers=1) as first,
-        AsyncOpenAI(base_url=f"{first.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(slow) as sdk:
         batch = await sdk.batches.create(
             input_file_id=await upload(sdk, lines), endpoint=CHAT, completion_window="24h"
         )
         await until_completed(sdk, batch.id, 5)
     # every process stopped midway (API, workers, feeder); a new one carries on
-    async with (
-        LiveServer(slow, workers=1) as second,
-        AsyncOpenAI(base_url=f"{second.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(slow) as sdk:
         done = await until(sdk, batch.id)
         assert done.status == "completed" and done.request_counts is not None
         assert done.request_counts.completed == 60
@@ -354,10 +353,7 @@ async def test_files_and_batches_errors(sdk: AsyncOpenAI, client: httpx.AsyncCli
 
 async def test_file_limits(settings: Settings) -> None:
     small = fast_settings(settings, files_max_bytes=2048, batch_max_lines=3)
-    async with (
-        LiveServer(small, workers=0) as live,
-        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(small, workers=0) as sdk:
         four = jsonl([chat_line(str(i), "x") for i in range(4)])
         with pytest.raises(openai.BadRequestError) as info:
             await sdk.files.create(file=("x.jsonl", four), purpose="batch")
@@ -374,10 +370,7 @@ async def test_file_limits(settings: Settings) -> None:
 
 async def test_files_in_a_directory(settings: Settings, tmp_path: Any) -> None:
     stored = fast_settings(settings, files_dir=str(tmp_path / "files"))
-    async with (
-        LiveServer(stored, workers=1) as live,
-        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
-    ):
+    async with serving(stored) as sdk:
         lines = [chat_line(f"d{i}", f"[[answers: {i}]]") for i in range(3)]
         file_id = await upload(sdk, lines)
         assert (tmp_path / "files" / file_id).read_bytes() == jsonl(lines)

@@ -59,6 +59,7 @@ from ponder.api.openai_common import (
 )
 from ponder.api.schemas import TaskCreate
 from ponder.api.tasks import cancel_task
+from ponder.batches import usage_object
 from ponder.config import Settings
 from ponder.errors import RecoverableError
 from ponder.ids import parse_task_id, sort_key
@@ -239,17 +240,6 @@ def _text_part(text: str) -> dict[str, Any]:
     return {"type": "output_text", "text": text, "annotations": [], "logprobs": []}
 
 
-def _usage(task: Task) -> dict[str, Any]:
-    prompt, completion = task.usage.prompt_tokens, task.usage.completion_tokens
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": 0},
-        "output_tokens": completion,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + completion,
-    }
-
-
 def response_object(
     meta: dict[str, Any], task: Task, *, as_of: TaskStatus | None = None
 ) -> dict[str, Any]:
@@ -291,7 +281,9 @@ def response_object(
         "tools": [],
         "top_p": meta["top_p"] if meta["top_p"] is not None else 1.0,
         "truncation": "disabled",
-        "usage": _usage(task) if final else None,
+        "usage": usage_object(task.usage.prompt_tokens, task.usage.completion_tokens)
+        if final
+        else None,
         "user": None,
         "ponder": ponder_field(task) if final else {"task_id": task.id, "status": status.value},
     }
