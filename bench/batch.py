@@ -5,7 +5,8 @@ Run with ``make bench-batch`` (``.venv/bin/python bench/batch.py``); writes
 
 Over its own ``redis-server`` (a free loopback port; never the machine's shared Redis)
 the script starts one ``ponder api`` and one ``ponder worker`` with the scripted engine
-(``--engine-ms``: a batched-accelerator latency model, base + per row per engine batch),
+(``--step-ms``: a batched-accelerator latency model, base + per row per decode step;
+rows join and leave the running batch at every step),
 then:
 
 1. **Capacity.** Submits ``--capacity-tasks`` fast tasks at once and measures how fast
@@ -192,8 +193,9 @@ async def main(args: argparse.Namespace) -> int:
         redis_server = RedisProc(tmp / "redis", aof=False)
         await redis_server.start()
         port = free_port()
-        env = ponder_env(redis_server.url, PREFIX, scripted_batch_ms=args.engine_ms,
-                         batch_max_size=args.batch_size, max_pending=args.max_pending)  # fmt: skip
+        env = ponder_env(redis_server.url, PREFIX, scripted_step_ms=args.step_ms,
+                         engine_max_rows=args.max_rows, max_pending=args.max_pending,
+                         batch_max_in_flight=args.in_flight)  # fmt: skip
         api = PonderProc("api", api_argv(port), {**env, "PONDER_NODE_ID": "api1"}, tmp)
         worker = PonderProc("worker", worker_argv(), {**env, "PONDER_NODE_ID": "w1"}, tmp)
         url = f"http://127.0.0.1:{port}"
@@ -256,9 +258,10 @@ refused, the batch completed): **{"met" if met else "not met"}** (p99 ratio {rat
 ## Setup
 
 - Own `redis-server`, 1 `ponder api` + 1 `ponder worker` (one worker loop), scripted
-  engine with `{args.engine_ms}` ms per engine batch (base, per row), batches of up to
-  {args.batch_size}; `PONDER_MAX_PENDING={args.max_pending}`; the batch feeder's defaults
-  (`PONDER_BATCH_MAX_IN_FLIGHT=16`, `PONDER_BATCH_INTERACTIVE_SHARE=0.5`,
+  engine with `{args.step_ms}` ms per step (base, per row), continuous batching of up to
+  {args.max_rows} rows; `PONDER_MAX_PENDING={args.max_pending}`;
+  `PONDER_BATCH_MAX_IN_FLIGHT={args.in_flight}`; the feeder's other defaults
+  (`PONDER_BATCH_INTERACTIVE_SHARE=0.5`,
   `PONDER_BATCH_PRIORITY=5`, `PONDER_BATCH_TICK_S=0.2`).
 - Capacity: {args.capacity_tasks} fast tasks submitted at once: **{capacity:.1f} tasks/s**.
 - Interactive load: fast tasks (1 sample, priority 3), Poisson arrivals at {args.load:g} x
@@ -289,8 +292,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--load", type=float, default=0.5, help="interactive load, x capacity")
     p.add_argument("--baseline-s", type=float, default=120, help="interactive-alone phase")
     p.add_argument("--capacity-tasks", type=int, default=300)
-    p.add_argument("--engine-ms", default="200,6.7", help="scripted engine: base,per_row ms")
-    p.add_argument("--batch-size", type=int, default=8, help="PONDER_BATCH_MAX_SIZE")
+    p.add_argument("--step-ms", default="25,1", help="scripted engine: base,per_row ms a step")
+    p.add_argument("--max-rows", type=int, default=16, help="PONDER_ENGINE_MAX_ROWS")
+    p.add_argument("--in-flight", type=int, default=8, help="PONDER_BATCH_MAX_IN_FLIGHT")
     p.add_argument("--max-pending", type=int, default=500, help="PONDER_MAX_PENDING")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--out", type=Path, default=RESULTS / "batch.md")

@@ -318,10 +318,11 @@ class Settings(BaseSettings):
         default=5, ge=0, le=5, description="priority of the tasks of batch lines"
     )
     batch_max_in_flight: int = Field(
-        default=16,
+        default=8,
         ge=1,
-        description="batch lines admitted and not yet finished, over all batches; the most "
-        "batch lines pending at once (their own backlog: never counted in max_pending)",
+        description="batch lines admitted and not yet finished, over all batches (default: "
+        "half a worker's engine rows); the most batch lines pending at once (their own "
+        "backlog: never counted in max_pending)",
     )
     batch_interactive_share: float = Field(
         default=0.5,

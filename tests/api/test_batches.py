@@ -240,8 +240,7 @@ async def test_a_batch_cancelled_midway_keeps_its_finished_lines(settings: Setti
 async def test_an_expired_batch_keeps_its_finished_lines(settings: Settings) -> None:
     lines = [chat_line(f"f{i}", "[[answers: 1]]") for i in range(3)]
     lines += [chat_line(f"h{i}", "[[hang]]") for i in range(3)]
-    # three in flight: the lines that hang start only after the others finished (the
-    # scripted engine answers an engine batch when all its rows are done)
+    # three in flight: the lines that hang start only after the others finished
     async with serving(fast_settings(settings, batch_max_in_flight=3)) as sdk:
         batch = await sdk.batches.create(
             input_file_id=await upload(sdk, lines),
