@@ -224,8 +224,6 @@ class BatchFeeder:
         if errors:
             await self._fail(obj, errors)
             return
-        if obj.data["batch"]["status"] != "validating":
-            return
         batch.update(status="in_progress", in_progress_at=int(time.time()))
         batch["request_counts"]["total"] = len(lines)
         if await self.store.update_object(obj):
@@ -384,7 +382,9 @@ class BatchFeeder:
             batch.update(status="finalizing", finalizing_at=now)
             if not await self.store.update_object(obj):
                 return  # cancelled meanwhile: it ends as cancelled
-        lines = self._lines.get(obj.id) or []
+        lines = await self._input(obj)
+        if lines is None:
+            return  # its input file is gone: it failed
         parts = await self.store.get_parts(obj.id)
         files: dict[bool, list[str]] = {True: [], False: []}
         for n, line in enumerate(lines):

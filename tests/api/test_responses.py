@@ -296,3 +296,55 @@ async def test_a_key_sees_only_its_own_responses(settings: Settings) -> None:
         async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key="c", max_retries=0) as eve:
             with pytest.raises(openai.AuthenticationError):
                 await eve.responses.retrieve(mine.id)
+
+
+async def test_an_idempotency_key_repeat_is_the_same_response(sdk: AsyncOpenAI) -> None:
+    key = {"Idempotency-Key": "order-17"}
+    first = await sdk.responses.create(
+        model="ponder-fast", input="[[answers: 5]]", background=True, extra_headers=key
+    )
+    again = await sdk.responses.create(
+        model="ponder-fast", input="[[answers: 5]]", background=True, extra_headers=key
+    )
+    assert again.id == first.id
+    items = await sdk.responses.input_items.list(first.id)
+    assert [i.id for i in items.data] == [f"msg_{first.id.removeprefix('resp_')}_0"]
+    with pytest.raises(openai.ConflictError):
+        await sdk.responses.create(model="ponder-fast", input="other", extra_headers=key)
+
+
+def test_per_token_deltas_map_to_output_text_or_sample_deltas() -> None:
+    """The mapping of task events, with the ``delta`` events a streaming engine adds:
+    one sample's text is the output; several samples' texts are ponder's own events."""
+    from ponder.api.responses import ResponseEvents
+    from ponder.store.base import Event
+    from ponder.types import Result, Task, TaskStatus
+
+    meta = {"model": "ponder", "instructions": None, "input": [], "top_p": None,
+            "max_output_tokens": None, "metadata": {}, "background": True,
+            "store": True}  # fmt: skip
+    result = Result(
+        answer="4", text="It is 4.", confidence=1, agreement=1, votes={"4": 1}, chosen_sample=0
+    )
+    log = [
+        Event("1", "status", {"status": "pending"}),
+        Event("2", "status", {"status": "running"}),
+        Event("3", "delta", {"index": 0, "text": "It "}),
+        Event("4", "delta", {"index": 0, "text": "is "}),
+        Event("5", "result", {}),
+    ]
+    for planned, delta_type in ((1, "response.output_text.delta"), (3, "ponder.sample.delta")):
+        task = Task(id="1764412800123-x-1", samples_planned=planned)
+        final = task.model_copy(update={"status": TaskStatus.done, "result": result})
+        runs = []
+        for _ in range(2):  # a replay maps the log to the same events
+            mapper = ResponseEvents(meta, task)
+            runs.append([e for ev in log for e in mapper.map(ev, final if ev.id == "5" else None)])
+        assert runs[0] == runs[1]
+        events = runs[0]
+        assert [e["sequence_number"] for e in events] == list(range(len(events)))
+        deltas = [e["delta"] for e in events if e["type"] == delta_type]
+        assert deltas[:2] == ["It ", "is "]
+        text = "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+        assert text == "It is 4."  # the rest of the answer follows in one delta
+        assert events[-1]["type"] == "response.completed"

@@ -156,7 +156,7 @@ def _input_items(req: ResponseCreateRequest, task_id: str, prefix: str) -> list[
         items.append(
             {
                 "type": "message",
-                "id": item.get("id") or f"msg_{task_id}_{i}",
+                "id": f"msg_{task_id}_{i}",
                 "role": role,
                 "status": "completed",
                 "content": [{"type": part, "text": text}],
@@ -476,18 +476,13 @@ async def create_response(request: Request) -> Response:
     task, created = await submit(
         state, task_req, owner, request.headers.get("idempotency-key"), task_id=task_id
     )
-    if created and req.store:
-        obj = StoredObject(
-            KIND,
-            f"resp_{task.id}",
-            owner,
-            sort_key(task.id),
-            meta,
-            active=meta["webhook_url"] is not None,
-        )
-        await state.store.create_object(obj, ttl_s=2 * state.settings.task_ttl_s)
-    elif not created and req.store:
-        meta = (await _load(state, f"resp_{task.id}", owner))[0].data
+    if req.store:
+        if not created:  # an Idempotency-Key repeat: the response of the earlier task
+            _, meta, _ = parse_response_body(body, state.settings, task.id)
+        active = meta["webhook_url"] is not None
+        obj = StoredObject(KIND, f"resp_{task.id}", owner, sort_key(task.id), meta, active=active)
+        if not await state.store.create_object(obj, ttl_s=2 * state.settings.task_ttl_s):
+            meta = (await _load(state, obj.id, owner))[0].data
     if req.stream:
         return _streaming(_stream(state, meta, task, owner, -1, cancel_on_leave=not req.background))
     if req.background:
