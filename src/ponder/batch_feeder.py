@@ -123,6 +123,9 @@ class BatchFeeder:
                 except RecoverableError as e:
                     log.warning("batch feeder: %s; retrying in %.1fs", e, backoff_s)
                     delay_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
+                except Exception:  # a bug must not stop the feeding of every batch
+                    log.exception("batch feeder: unexpected error; retrying in %.1fs", backoff_s)
+                    delay_s, backoff_s = backoff_s, min(backoff_s * 2, 5.0)
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay_s)
         finally:
