@@ -226,6 +226,12 @@ class Settings(BaseSettings):
     engine_prefix_cache_mb: float = Field(
         default=64.0, ge=0, description="prompt KV caches kept for reuse (LRU), MB; 0 = off"
     )
+    engine_preempt_after_ms: float = Field(
+        default=500.0,
+        ge=0,
+        description="with every slot taken, a row that waited this long preempts a running "
+        "row at least two priority levels less urgent (it resumes later); 0 = never",
+    )
     # the static batcher (PONDER_BATCHING=static)
     batch_max_size: int = Field(default=8, ge=1, description="static: requests per engine call")
     batch_max_wait_ms: float = Field(

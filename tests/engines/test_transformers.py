@@ -337,3 +337,26 @@ class ActOnCheck(threading.Event):
         if self.checks_left == 0:
             self.action()
         return super().is_set()
+
+
+async def test_a_preempted_row_resumes_with_the_same_text(
+    model_engine: TransformersEngine,
+) -> None:
+    alone = await model_engine.submit(greedy(STORY, 40))
+    rows, preempt = model_engine.max_rows, model_engine.preempt_after_s
+    model_engine.max_rows, model_engine.preempt_after_s = 1, 0.05
+    try:
+        streaming = asyncio.Event()
+        low = SampleRequest(
+            prompt=STORY, max_new_tokens=40, priority=5, on_text=lambda _: streaming.set()
+        )
+        background = asyncio.create_task(model_engine.submit(low))
+        await asyncio.wait_for(streaming.wait(), 30)
+        before = model_engine.stats.preempted
+        urgent = await model_engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4))
+        assert urgent.completion_tokens == 4
+        resumed = await background
+        assert model_engine.stats.preempted == before + 1
+    finally:
+        model_engine.max_rows, model_engine.preempt_after_s = rows, preempt
+    same(alone, resumed)
