@@ -79,7 +79,7 @@ def test_the_page_loads_without_errors_at_desktop_and_phone_widths(
         assert width <= size[0], f"the page is {width} px wide in a {size[0]} px viewport"
         assert errors(page) == []
         assert all(u.startswith(service.url) for u in resources(page)), resources(page)
-    assert css(page, "#overview [data-figure=pending]").text == "0"
+    wait(page, lambda d: css(d, "#overview [data-figure=pending]").text == "0")  # it ran
 
 
 def test_a_task_from_the_form_streams_into_the_page(
@@ -88,7 +88,7 @@ def test_a_task_from_the_form_streams_into_the_page(
     # the process's counters are shared by every server of this test session
     done_before = httpx.get(f"{service.url}/v1/overview").json()["finished"]["total"]["done"]
     page.get(f"{service.url}/console#/new")
-    prompt = css(page, "#f-prompt")
+    prompt = wait(page, lambda d: css(d, "#f-prompt"))
     wait(page, lambda d: d.switch_to.active_element == prompt)  # the form has the focus
     prompt.send_keys("What is 2+3? [[answers: 5, 4, 5]] [[tokens: 60]]")
     css(page, "#f-samples").send_keys("3")
