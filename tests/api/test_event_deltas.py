@@ -118,3 +118,23 @@ async def test_a_cancelled_task_gets_no_more_deltas(slow: Any) -> None:
     assert events[-1][1:] == ("status", {"status": "cancelled"})
     await asyncio.sleep(0.5)  # the row runs on until the worker notices the cancel
     assert await read_stream(c, task["id"]) == events  # nothing was appended after it
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(120)
+async def test_deltas_cross_processes_over_redis(redis_url: str, key_prefix: str) -> None:
+    """`ponder worker` appends the deltas, `ponder api` streams them; its overview has the
+    store's figures only (no engine in that process)."""
+    from tests.api.test_events import split_service
+
+    env = {"PONDER_SCRIPTED_STEP_MS": "20,0"}
+    async with (
+        split_service(redis_url, key_prefix, **env) as url,
+        httpx.AsyncClient(base_url=url, timeout=30) as c,
+    ):
+        task = (await c.post("/v1/tasks", json={"prompt": PROMPT, "mode": "fast"})).json()
+        events = await read_stream(c, task["id"])
+        overview = (await c.get("/v1/overview")).json()
+    check_deltas(events)
+    assert overview["role"] == "api" and overview["workers"] == 1
+    assert overview["engine"] is None and "API only" in overview["note"]
