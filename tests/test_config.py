@@ -1,8 +1,10 @@
 from __future__ import annotations
 
+import re
+
 import pytest
 
-from ponder.config import Mode, load_settings
+from ponder.config import CROSS_FIELD_CHECKS, Mode, load_settings
 from ponder.errors import ConfigError
 
 
@@ -38,12 +40,131 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PONDER_NODE_ID", "bad node", "PONDER_NODE_ID"),
         ("PONDER_API_KEYS", "secret-key", "SHA-256"),
         ("PONDER_SCRIPTED_BATCH_MS", "-1,2", "non-negative"),
-        ("PONDER_MODES__STANDARD__SAMPLES", "99", "max_samples"),
+        ("PONDER_MODES__STANDARD__SAMPLES", "99", "PONDER_MODES__STANDARD__MAX_SAMPLES"),
+        ("PONDER_PORT", "abc", "PONDER_PORT=abc"),
+        ("PONDER_WEBHOOK_RETRY_S", "5,x", "PONDER_WEBHOOK_RETRY_S: item 2 (x)"),
+        ("PONDER_MODES", "{not json", "PONDER_MODES: not valid JSON"),
+        ("PONDER_MODES__DEEP__PATHS", "cot", "PONDER_MODES__DEEP__PATHS: not valid JSON"),
+        ("PONDER_SANDBOX_ISOLATION", "docker", "'auto', 'bwrap' or 'rlimits'"),
     ],
 )
 def test_bad_values_say_what_to_change(
     monkeypatch: pytest.MonkeyPatch, var: str, value: str, fragment: str
 ) -> None:
     monkeypatch.setenv(var, value)
-    with pytest.raises(ConfigError, match=fragment):
+    with pytest.raises(ConfigError, match=re.escape(fragment)):
         load_settings()
+
+
+def test_secrets_are_not_repeated_in_errors(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PONDER_API_KEYS", "pk_my_raw_secret_key")
+    monkeypatch.setenv("PONDER_WEBHOOK_SECRET", "hunter2")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert "PONDER_API_KEYS" in str(caught.value) and "PONDER_WEBHOOK_SECRET" in str(caught.value)
+    assert "pk_my_raw_secret_key" not in str(caught.value) and "hunter2" not in str(caught.value)
+
+
+# --- settings checked as a whole
+
+CONFLICTS = [
+    (
+        {"PONDER_HEARTBEAT_S": "45"},
+        "heartbeat (45 s) must be shorter than the lease (30 s): lower PONDER_HEARTBEAT_S or "
+        "raise PONDER_LEASE_S",
+    ),
+    (
+        {"PONDER_HEARTBEAT_S": "10", "PONDER_LEASE_S": "10"},
+        "heartbeat (10 s) must be shorter than the lease (10 s)",
+    ),
+    (
+        {"PONDER_BATCH_MAX_BUFFER": "4"},
+        "the batch buffer (4) must hold at least one full batch (8): raise "
+        "PONDER_BATCH_MAX_BUFFER or lower PONDER_BATCH_MAX_SIZE",
+    ),
+    (
+        {"PONDER_BATCH_MAX_WAIT_MS": "60000"},
+        "the batch wait (60000 ms) must be shorter than the fast mode's sample timeout (60 s)",
+    ),
+    (
+        {"PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S": "500"},
+        "deep mode: sample_timeout_s (500) is over task_timeout_s (420, the whole task's time "
+        "limit): lower PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S or raise "
+        "PONDER_MODES__DEEP__TASK_TIMEOUT_S",
+    ),
+    (
+        {"PONDER_MODES__FAST__TASK_TIMEOUT_S": "700"},
+        "fast mode: task_timeout_s (700) is over max_timeout_s (600",
+    ),
+    (
+        {"PONDER_MODES__STANDARD__MAX_NEW_TOKENS": "4096"},
+        "lower PONDER_MODES__STANDARD__MAX_NEW_TOKENS or raise "
+        "PONDER_MODES__STANDARD__MAX_MAX_NEW_TOKENS",
+    ),
+    (
+        {"PONDER_MODES__FAST__TEMPERATURE": "1.8"},
+        "fast mode: temperature (1.8) is over max_temperature (1.5",
+    ),
+    (
+        {"PONDER_MAX_PROMPT_CHARS": "300000"},
+        "a prompt of PONDER_MAX_PROMPT_CHARS (300000 characters) can never arrive in a request "
+        "body of PONDER_MAX_BODY_BYTES (262144 bytes)",
+    ),
+    (
+        {"PONDER_MAX_BODY_BYTES": "2048"},
+        "metadata of PONDER_MAX_METADATA_BYTES (4096 bytes) can never arrive",
+    ),
+    (
+        {"PONDER_VOTE_WEIGHT": "0", "PONDER_CONFIDENCE_WEIGHT": "0"},
+        "PONDER_VOTE_WEIGHT and PONDER_CONFIDENCE_WEIGHT are both 0",
+    ),
+]
+
+
+@pytest.mark.parametrize(("env", "expected"), CONFLICTS)
+def test_settings_that_contradict_each_other_are_refused(
+    monkeypatch: pytest.MonkeyPatch, env: dict[str, str], expected: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    message = str(caught.value)
+    assert message.startswith("invalid configuration: ")
+    assert expected in message
+    for line in message.splitlines():  # one line per problem, each naming what to change
+        assert line.startswith("invalid configuration: ") and "PONDER_" in line
+
+
+def test_every_problem_is_reported_on_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PONDER_HEARTBEAT_S", "45")
+    monkeypatch.setenv("PONDER_BATCH_MAX_BUFFER", "4")
+    monkeypatch.setenv("PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S", "500")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    lines = str(caught.value).splitlines()
+    assert len(lines) == 3
+    assert ["PONDER_HEARTBEAT_S" in lines[0], "PONDER_BATCH_MAX_BUFFER" in lines[1]] == [True, True]
+    assert "PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S" in lines[2]
+
+
+def test_consistent_edges_are_accepted() -> None:
+    s = load_settings(
+        heartbeat_s=29.9,
+        batch_max_buffer=8,
+        max_prompt_chars=262_144,
+        vote_weight=0,
+        modes={"deep": {"sample_timeout_s": 420}},
+    )
+    assert (s.heartbeat_interval_s, s.batch_max_buffer, s.mode("deep").sample_timeout_s) == (
+        29.9,
+        8,
+        420,
+    )
+
+
+def test_each_cross_field_check_is_a_function_of_the_settings() -> None:
+    defaults = load_settings()
+    assert CROSS_FIELD_CHECKS
+    for check in CROSS_FIELD_CHECKS:
+        assert list(check(defaults)) == [], check.__name__
