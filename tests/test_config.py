@@ -1,6 +1,9 @@
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -168,3 +171,54 @@ def test_each_cross_field_check_is_a_function_of_the_settings() -> None:
     assert CROSS_FIELD_CHECKS
     for check in CROSS_FIELD_CHECKS:
         assert list(check(defaults)) == [], check.__name__
+
+
+# --- through the command line: one line, no traceback ----------------------------------
+SERVICE_COMMANDS = [["serve", "--port", "0"], ["api", "--port", "0"], ["worker"]]
+CLIENT_COMMANDS = [
+    ["submit", "What is 2 + 2?"],
+    ["get", "1764412800123-x-1"],
+    ["cancel", "1764412800123-x-1"],
+    ["events", "1764412800123-x-1"],
+    ["tasks"],
+]
+BAD_SERVICE_ENV = [
+    ({"PONDER_HEARTBEAT_S": "45"}, "heartbeat (45 s) must be shorter than the lease (30 s)"),
+    ({"PONDER_BATCH_MAX_BUFFER": "4"}, "raise PONDER_BATCH_MAX_BUFFER"),
+    ({"PONDER_LEASE_S": "soon"}, "PONDER_LEASE_S=soon: Input should be a valid number"),
+    ({"PONDER_MODES": "{nope"}, "PONDER_MODES: not valid JSON"),
+]
+BAD_CLIENT_ENV = [
+    ({"PONDER_URL": "localhost:8000"}, "'localhost:8000' (PONDER_URL) is not an http(s) URL"),
+    ({"PONDER_API_KEY": "clé"}, "the API key (PONDER_API_KEY) must be printable ASCII"),
+]
+
+
+def _ponder(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    clean = {k: v for k, v in os.environ.items() if not k.startswith("PONDER_")}
+    return subprocess.run(
+        [sys.executable, "-m", "ponder.cli", *args],
+        env={**clean, "PONDER_REDIS_URL": "redis://127.0.0.1:1/0", **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize(
+    ("args", "env", "expected"),
+    [(a, e, x) for a in SERVICE_COMMANDS for e, x in BAD_SERVICE_ENV]
+    + [(a, e, x) for a in CLIENT_COMMANDS for e, x in BAD_CLIENT_ENV],
+)
+def test_no_command_prints_a_traceback_for_a_configuration_error(
+    args: list[str], env: dict[str, str], expected: str
+) -> None:
+    done = _ponder(args, env)
+    output = done.stdout + done.stderr
+    assert done.returncode == 2, output
+    assert "Traceback" not in output and 'File "' not in output
+    assert expected in " ".join(done.stderr.split())  # rich wraps at the terminal's width
+    service = args in SERVICE_COMMANDS
+    assert done.stderr.startswith("error: invalid configuration: " if service else "error: ")
