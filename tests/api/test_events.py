@@ -286,6 +286,11 @@ async def test_websocket_refuses_unknown_tasks_and_bad_keys(settings: Settings) 
         with pytest.raises(InvalidStatus) as info:
             await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws")
         assert info.value.response.status_code == 401
+        assert info.value.response.headers["www-authenticate"] == "Bearer"
+        with pytest.raises(InvalidStatus) as info:
+            await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws?last_event_id=abc",
+                            additional_headers={"Authorization": "Bearer pk_a"})  # fmt: skip
+        assert info.value.response.status_code == 400
 
 
 async def test_websocket_client_leaving_early_is_fine(
