@@ -25,12 +25,12 @@ def test_defaults_match_the_mode_table() -> None:
 def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PONDER_MAX_PENDING", "7")
     monkeypatch.setenv("PONDER_PRIORITY_QUOTAS", "5,4,3,2,1,1")
-    monkeypatch.setenv("PONDER_SCRIPTED_BATCH_MS", "200,6.7")
+    monkeypatch.setenv("PONDER_SCRIPTED_STEP_MS", "200,6.7")
     monkeypatch.setenv("PONDER_MODES__STANDARD__SAMPLES", "5")
     s = load_settings()
     assert s.max_pending == 7
     assert s.priority_quotas == [5, 4, 3, 2, 1, 1]
-    assert s.scripted_batch_ms == [200.0, 6.7]
+    assert s.scripted_step_ms == [200.0, 6.7]
     assert s.mode("standard").samples == 5
     assert s.mode("fast").samples == 1
 
@@ -42,7 +42,7 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PONDER_PRIORITY_QUOTAS", "1,2", "6 positive integers"),
         ("PONDER_NODE_ID", "bad node", "PONDER_NODE_ID"),
         ("PONDER_API_KEYS", "secret-key", "SHA-256"),
-        ("PONDER_SCRIPTED_BATCH_MS", "-1,2", "non-negative"),
+        ("PONDER_SCRIPTED_STEP_MS", "-1,2", "non-negative"),
         ("PONDER_MODES__STANDARD__SAMPLES", "99", "PONDER_MODES__STANDARD__MAX_SAMPLES"),
         ("PONDER_PORT", "abc", "PONDER_PORT=abc"),
         ("PONDER_WEBHOOK_RETRY_S", "5,x", "PONDER_WEBHOOK_RETRY_S: item 2 (x)"),
@@ -81,13 +81,19 @@ CONFLICTS = [
         "heartbeat (10 s) must be shorter than the lease (10 s)",
     ),
     (
-        {"PONDER_BATCH_MAX_BUFFER": "4"},
-        "the batch buffer (4) must hold at least one full batch (8): raise "
-        "PONDER_BATCH_MAX_BUFFER or lower PONDER_BATCH_MAX_SIZE",
+        {"PONDER_BATCHING": "static", "PONDER_BATCH_MAX_BUFFER": "4"},
+        "the batch buffer (4) must hold at least one full batch (8) with PONDER_BATCHING=static: "
+        "raise PONDER_BATCH_MAX_BUFFER or lower PONDER_BATCH_MAX_SIZE",
     ),
     (
-        {"PONDER_BATCH_MAX_WAIT_MS": "60000"},
-        "the batch wait (60000 ms) must be shorter than the fast mode's sample timeout (60 s)",
+        {"PONDER_BATCHING": "static", "PONDER_BATCH_MAX_WAIT_MS": "60000"},
+        "the static batching wait (60000 ms) must be shorter than the fast mode's sample "
+        "timeout (60 s): lower PONDER_BATCH_MAX_WAIT_MS",
+    ),
+    (
+        {"PONDER_ENGINE_MAX_WAIT_MS": "90000"},
+        "the continuous batching wait (90000 ms) must be shorter than the fast mode's sample "
+        "timeout (60 s): lower PONDER_ENGINE_MAX_WAIT_MS",
     ),
     (
         {"PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S": "500"},
@@ -140,6 +146,7 @@ def test_settings_that_contradict_each_other_are_refused(
 
 
 def test_every_problem_is_reported_on_its_own_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PONDER_BATCHING", "static")
     monkeypatch.setenv("PONDER_HEARTBEAT_S", "45")
     monkeypatch.setenv("PONDER_BATCH_MAX_BUFFER", "4")
     monkeypatch.setenv("PONDER_MODES__DEEP__SAMPLE_TIMEOUT_S", "500")
@@ -154,6 +161,7 @@ def test_every_problem_is_reported_on_its_own_line(monkeypatch: pytest.MonkeyPat
 def test_consistent_edges_are_accepted() -> None:
     s = load_settings(
         heartbeat_s=29.9,
+        batching="static",
         batch_max_buffer=8,
         max_prompt_chars=262_144,
         vote_weight=0,
@@ -164,6 +172,10 @@ def test_consistent_edges_are_accepted() -> None:
         8,
         420,
     )
+
+
+def test_a_buffer_the_continuous_engine_never_uses_is_not_checked() -> None:
+    assert load_settings(batch_max_buffer=4).batching == "continuous"
 
 
 def test_each_cross_field_check_is_a_function_of_the_settings() -> None:
@@ -184,7 +196,7 @@ CLIENT_COMMANDS = [
 ]
 BAD_SERVICE_ENV = [
     ({"PONDER_HEARTBEAT_S": "45"}, "heartbeat (45 s) must be shorter than the lease (30 s)"),
-    ({"PONDER_BATCH_MAX_BUFFER": "4"}, "raise PONDER_BATCH_MAX_BUFFER"),
+    ({"PONDER_BATCHING": "static", "PONDER_BATCH_MAX_BUFFER": "4"}, "PONDER_BATCH_MAX_BUFFER"),
     ({"PONDER_LEASE_S": "soon"}, "PONDER_LEASE_S=soon: Input should be a valid number"),
     ({"PONDER_MODES": "{nope"}, "PONDER_MODES: not valid JSON"),
 ]

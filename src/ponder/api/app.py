@@ -24,7 +24,7 @@ log = logging.getLogger("ponder.api")
 
 def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     """The HTTP API; with ``workers`` > 0 the process also runs that many worker loops
-    over one engine and batcher (the all-in-one ``ponder serve``)."""
+    over one engine (the all-in-one ``ponder serve``); ``app.state.runtime`` holds it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -38,6 +38,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
             from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
 
             runtime = WorkerRuntime(settings, store, workers=workers)
+        app.state.runtime = runtime  # None in an API-only process
         try:
             if runtime is not None:
                 await runtime.start()
