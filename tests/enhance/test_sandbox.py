@@ -104,13 +104,7 @@ def test_prints_are_captured(isolation: Isolation) -> None:
     result = run_python(
         "import sys\nprint('hello')\nprint('oops', file=sys.stderr)", isolation=isolation
     )
-    assert result == SandboxResult(
-        stdout="hello\n",
-        stderr="oops\n",
-        exit_code=0,
-        timed_out=False,
-        isolation=isolation,
-    )
+    assert result == SandboxResult("hello\n", "oops\n", 0, False, isolation=isolation)
 
 
 def test_stdin_and_exit_code(isolation: Isolation) -> None:
@@ -184,17 +178,20 @@ def test_network_is_blocked(isolation: Isolation) -> None:
     assert "reached" not in result.stdout
 
 
+#: connects to the test Redis on the host; prints the outcome
+CONNECT_TO_REDIS = (
+    "import socket\n"
+    "try:\n"
+    "    socket.create_connection(('127.0.0.1', 6379), timeout=2)\n"
+    "    print('connected')\n"
+    "except OSError as e:\n"
+    "    print('failed:', type(e).__name__)\n"
+)
+
+
 def test_redis_on_the_host_cannot_be_reached(isolation: Isolation, redis_url: str) -> None:
     """The test Redis answers on 127.0.0.1:6379 (the fixture pings it); the program cannot."""
-    code = (
-        "import socket\n"
-        "try:\n"
-        "    socket.create_connection(('127.0.0.1', 6379), timeout=2)\n"
-        "    print('connected')\n"
-        "except OSError as e:\n"
-        "    print('failed:', type(e).__name__)\n"
-    )
-    result = run_python(code, isolation=isolation)
+    result = run_python(CONNECT_TO_REDIS, isolation=isolation)
     assert result.stdout == "failed: PermissionError\n", result
 
 
@@ -203,15 +200,7 @@ def test_bwrap_redis_cannot_be_reached_around_the_socket_guard(
 ) -> None:
     """Past the Python-level guard (a child interpreter has none, ctypes neither): the
     network namespace has no route to the host."""
-    connect = (
-        "import socket\n"
-        "try:\n"
-        "    socket.create_connection(('127.0.0.1', 6379), timeout=2)\n"
-        "    print('connected')\n"
-        "except OSError as e:\n"
-        "    print('failed:', type(e).__name__)\n"
-    )
-    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {connect!r}])"
+    code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {CONNECT_TO_REDIS!r}])"
     result = run_python(code, isolation="bwrap")
     assert result.stdout == "failed: ConnectionRefusedError\n", result
     real = "import socket\ns = socket.socket.__mro__[1](socket.AF_INET)\ns.settimeout(2)\n"
@@ -455,13 +444,7 @@ def test_run_tests_prints_cannot_forge_the_report() -> None:
 
 async def test_run_python_async(isolation: Isolation) -> None:
     result = await run_python_async("print(sum(range(10)))", isolation=isolation)
-    assert result == SandboxResult(
-        stdout="45\n",
-        stderr="",
-        exit_code=0,
-        timed_out=False,
-        isolation=isolation,
-    )
+    assert result == SandboxResult("45\n", "", 0, False, isolation=isolation)
 
 
 async def test_run_python_async_runs_concurrently_and_times_out(isolation: Isolation) -> None:
