@@ -234,3 +234,11 @@ def test_no_command_prints_a_traceback_for_a_configuration_error(
     assert expected in " ".join(done.stderr.split())  # rich wraps at the terminal's width
     service = args in SERVICE_COMMANDS
     assert done.stderr.startswith("error: invalid configuration: " if service else "error: ")
+
+
+def test_static_batches_must_fit_the_engine() -> None:
+    with pytest.raises(ConfigError, match="PONDER_ENGINE_MAX_ROWS"):
+        load_settings(batching="static", batch_max_size=8, batch_max_concurrent=3,
+                      engine_max_rows=16)  # fmt: skip
+    fits = load_settings(batching="static", batch_max_size=8, engine_max_rows=8)
+    assert fits.batching == "static"
