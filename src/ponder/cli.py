@@ -19,10 +19,11 @@ from rich.columns import Columns
 from rich.console import Console, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
+from rich.text import Text
 
 from ponder.config import Mode, Settings, load_settings
 from ponder.errors import ConfigError
-from ponder.types import Result, SampleStatus, Task, TaskStatus
+from ponder.types import Result, Sample, SampleStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -234,21 +235,31 @@ def _print_task(task: Task) -> None:
 
 class TaskProgress:
     """The live view of a running task, built from its events: samples finished out of
-    planned, the vote so far and the preliminary answer."""
+    planned, the vote so far, the preliminary answer, and one line per sample whose text
+    grows as the model writes it (``delta`` events), then shows its answer."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, width: int = 100) -> None:
         self.task_id = task.id
         self.status = task.status.value
         self.planned = task.samples_planned
         self.finished = 0
         self.votes: Counter[str] = Counter()
         self.preliminary: Result | None = None
+        #: each sample's text so far, and the mark of its state
+        self.texts: dict[int, str] = {}
+        self.marks: dict[int, str] = {}
+        self.width = width
 
     def apply(self, event: TaskEvent) -> None:
         if event.status is not None:
             self.status = event.status.value
+        if (delta := event.delta) is not None:
+            self.texts[delta.index] = delta.apply(self.texts.get(delta.index, ""))
+            self.marks.setdefault(delta.index, _WRITING)
         if (sample := event.sample) is not None:
             self.finished += 1
+            self.texts[sample.index] = sample.text or self.texts.get(sample.index, "")
+            self.marks[sample.index] = _sample_mark(sample)
             if sample.status == SampleStatus.done and sample.answer is not None:
                 self.votes[sample.answer] += 1
         if (preliminary := event.result) is not None:
@@ -271,7 +282,29 @@ class TaskProgress:
                 f"[bold]{self.preliminary.answer}[/bold] "
                 f"(confidence {self.preliminary.confidence:.2f})",
             )
+        room = max(20, self.width - 16)  # the label column and the padding
+        for index in sorted(self.texts):
+            mark = self.marks.get(index, _WRITING)
+            line = Text(f"{mark} ", style="dim" if mark == _WRITING else "bold", no_wrap=True)
+            line.append(_tail(self.texts[index], room - len(mark) - 1), style="default")
+            grid.add_row(f"#{index}", line)
         return grid
+
+
+_WRITING = "▸"
+
+
+def _sample_mark(sample: Sample) -> str:
+    """A finished sample's state in the live view: its answer, or why it has none."""
+    if sample.status == SampleStatus.done:
+        return f"= {sample.answer}" if sample.answer is not None else "= (no answer)"
+    return sample.status.value
+
+
+def _tail(text: str, width: int) -> str:
+    """The end of ``text`` on one line of ``width`` characters (the end is what grows)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else "…" + flat[-(width - 1) :]
 
 
 def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task:
@@ -280,7 +313,7 @@ def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task
         return client.wait(task.id, timeout=timeout_s)
     from rich.live import Live
 
-    progress = TaskProgress(task)
+    progress = TaskProgress(task, width=err_console.width)
     with Live(progress.render(), console=err_console, transient=True) as view:
         for event in client.events(task.id, timeout=timeout_s):
             progress.apply(event)
@@ -328,6 +361,8 @@ def _event_line(event: TaskEvent) -> str:
             detail += f" answer={sample.answer}"
         if sample.error is not None:
             detail += f" ({sample.error.code}: {sample.error.message})"
+    elif (delta := event.delta) is not None:
+        detail = f"#{delta.index} @{delta.offset} {delta.text!r}"
     elif (result := event.result) is not None:
         detail = f"answer={result.answer} confidence={result.confidence:.2f}"
     elif event.event == "result":
@@ -344,13 +379,17 @@ def events(
     last_event_id: Annotated[str | None, typer.Option(help="start after this event id")] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="seconds to follow at most")] = 3600,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    deltas: Annotated[
+        bool, typer.Option("--deltas", help="also the `delta` events (text as it is written)")
+    ] = False,
     url: UrlOption = _DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
     """Follow a task's events until it ends (exit code as for `submit --wait`)."""
     final: str | None = None
     with _service(url, api_key) as client:
-        for event in client.events(task_id, last_event_id=last_event_id, timeout=timeout):
+        follow = client.events(task_id, last_event_id=last_event_id, timeout=timeout, deltas=deltas)
+        for event in follow:
             if as_json:
                 print(json.dumps({"id": event.id, "event": event.event, "data": event.data}))
             else:

@@ -7,7 +7,7 @@
     with Client("http://127.0.0.1:8000") as client:      # PONDER_API_KEY is read if set
         task = client.submit("What is 17 * 24?", mode="deep")
         for event in client.events(task.id):              # SSE, resumed after a drop
-            print(event.event, event.data)
+            print(event.event, event.data)                # `delta`: text as it is written
         done = client.wait(task.id, timeout=60)           # event-driven, no polling
         print(done.result.answer if done.result else done.error)
 
@@ -60,6 +60,7 @@ __all__ = [
     "RateLimitError",
     "TaskEvent",
     "TaskPage",
+    "TextDelta",
     "TooLargeError",
     "UnavailableError",
     "WaitTimeout",
@@ -188,8 +189,23 @@ def error_from_response(response: httpx.Response) -> APIError:
 
 # --- models ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+class TextDelta:
+    """New text of a running sample: ``text`` goes at character ``offset`` of sample
+    ``index``'s text (a sample rerun from its start begins again at offset 0)."""
+
+    index: int
+    offset: int
+    text: str
+
+    def apply(self, text_so_far: str) -> str:
+        """The sample's text with this piece in place."""
+        return text_so_far[: self.offset] + self.text
+
+
+@dataclass(frozen=True)
 class TaskEvent:
-    """One event of a task's stream: ``status``, ``sample``, ``preliminary`` or ``result``."""
+    """One event of a task's stream: ``status``, ``delta``, ``sample``, ``preliminary`` or
+    ``result``."""
 
     id: str
     event: str
@@ -221,6 +237,13 @@ class TaskEvent:
     def result(self) -> Result | None:
         """The early answer of a ``preliminary`` event."""
         return Result.model_validate(self.data) if self.event == "preliminary" else None
+
+    @property
+    def delta(self) -> TextDelta | None:
+        """The new text of a running sample, carried by a ``delta`` event."""
+        if self.event != "delta":
+            return None
+        return TextDelta(int(self.data["index"]), int(self.data["offset"]), str(self.data["text"]))
 
 
 @dataclass
@@ -362,6 +385,10 @@ def _checked_url(base_url: str | None) -> str:
     return url
 
 
+def _events_params(deltas: bool) -> dict[str, str]:
+    return {} if deltas else {"deltas": "false"}
+
+
 def _deadline(timeout: float | None) -> float | None:
     return None if timeout is None else time.monotonic() + timeout
 
@@ -473,12 +500,18 @@ class Client(_Base):
         return self._page(self._request("GET", "/v1/tasks", params=params))
 
     def events(
-        self, task_id: str, *, last_event_id: str | None = None, timeout: float | None = None
+        self,
+        task_id: str,
+        *,
+        last_event_id: str | None = None,
+        timeout: float | None = None,
+        deltas: bool = True,
     ) -> Iterator[TaskEvent]:
         """The task's events (after ``last_event_id``) until its terminal event.
 
         A dropped connection is resumed with ``Last-Event-ID``: no event is missed or
-        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds.
+        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds. ``deltas=False``
+        leaves out the ``delta`` events (the text of running samples).
         """
         deadline = _deadline(timeout)
         after = last_event_id
@@ -490,6 +523,7 @@ class Client(_Base):
                 with self._http.stream(
                     "GET",
                     f"{self.base_url}/v1/tasks/{task_id}/events",
+                    params=_events_params(deltas),
                     headers=headers,
                     timeout=self._stream_timeout(deadline),
                 ) as response:
@@ -525,7 +559,7 @@ class Client(_Base):
 
         Raises :class:`WaitTimeout` after ``timeout`` seconds (the task goes on).
         """
-        for _ in self.events(task_id, timeout=timeout):
+        for _ in self.events(task_id, timeout=timeout, deltas=False):
             pass
         return self.get(task_id)
 
@@ -635,11 +669,13 @@ class AsyncClient(_Base):
         *,
         last_event_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the signature of Client.events
+        deltas: bool = True,
     ) -> AsyncGenerator[TaskEvent, None]:
         """The task's events (after ``last_event_id``) until its terminal event.
 
         A dropped connection is resumed with ``Last-Event-ID``: no event is missed or
-        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds.
+        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds. ``deltas=False``
+        leaves out the ``delta`` events (the text of running samples).
         """
         deadline = _deadline(timeout)
         after = last_event_id
@@ -651,6 +687,7 @@ class AsyncClient(_Base):
                 async with self._http.stream(
                     "GET",
                     f"{self.base_url}/v1/tasks/{task_id}/events",
+                    params=_events_params(deltas),
                     headers=headers,
                     timeout=self._stream_timeout(deadline),
                 ) as response:
@@ -695,7 +732,7 @@ class AsyncClient(_Base):
         """
         try:
             async with asyncio.timeout(timeout):
-                async with contextlib.aclosing(self.events(task_id)) as events:
+                async with contextlib.aclosing(self.events(task_id, deltas=False)) as events:
                     async for _ in events:
                         pass
         except TimeoutError as e:

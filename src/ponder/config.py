@@ -283,6 +283,12 @@ class Settings(BaseSettings):
     events_keepalive_s: float = Field(
         default=15.0, gt=0, description="SSE keep-alive comment interval (also the WS idle tick)"
     )
+    delta_interval_ms: float = Field(
+        default=100.0,
+        ge=0,
+        description="text of running samples published as `delta` events at most this often "
+        "per sample (ms); 0: no delta events",
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
         description="signing secret `whsec_<base64>`; needed to accept tasks with callback_url",

@@ -19,6 +19,7 @@ from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
 from ponder.config import ModeConfig, Settings
+from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import (
     clarification_messages,
@@ -300,6 +301,9 @@ class TaskRun:
         #: the engine rows of the running samples, by sample index
         self._rows: dict[int, SampleRequest] = {}
         self._deadline_passed = False
+        self._deltas = DeltaPublisher(
+            self.store, claim.task_id, self.settings.delta_interval_ms / 1000
+        )
 
     @property
     def mode(self) -> ModeConfig:
@@ -337,6 +341,8 @@ class TaskRun:
         except Exception as e:  # an unexpected bug must still end the task
             log.exception("task %s failed unexpectedly", self.task.id)
             await asyncio.shield(self._finish_failed("internal", f"worker error: {e}"))
+        finally:
+            await self._deltas.idle()
         return True
 
     async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
@@ -346,6 +352,7 @@ class TaskRun:
         abandoned), or a webhook delivery recording its attempt on the running task: then
         the stored delivery records are kept and the write is tried again.
         """
+        await self._deltas.idle()  # a delta in flight lands before the events below
         for _ in range(_SAVE_RETRIES):
             if await self._through_outage(lambda: self.store.update_task(self.task, events)):
                 self._stored = (self.task.status, self.task.attempts)
@@ -514,6 +521,7 @@ class TaskRun:
             else task.priority,
             task_id=task.id,
             timeout_s=task.sample_timeout_s,
+            on_text=self._deltas.writer(sample.index),
         )
         self._rows[sample.index] = request
         started = time.monotonic()
@@ -540,6 +548,7 @@ class TaskRun:
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
+            self._deltas.end(sample.index)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)

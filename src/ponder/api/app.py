@@ -9,7 +9,17 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ponder import __version__
-from ponder.api import batches, events, files, openai_compat, ops, responses, tasks
+from ponder.api import (
+    batches,
+    console,
+    events,
+    files,
+    openai_compat,
+    ops,
+    overview,
+    responses,
+    tasks,
+)
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
@@ -68,4 +78,6 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(ops.router)
+    app.include_router(overview.router)
+    app.include_router(console.router)
     return app

@@ -194,6 +194,19 @@ class TaskStore(ABC):
         When there are none and ``block_ms`` > 0, waits up to that long for one.
         """
 
+    # --- streamed text (delta events) -------------------------------------------------
+    @abstractmethod
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        """Append ``events`` to the log of a *running* task without touching its record.
+
+        For what is published between state changes (the ``delta`` events of running
+        samples): the record's revision is unchanged, readers of :meth:`read_events` are
+        woken as for :meth:`update_task`. Returns False (appending nothing) when the task
+        is gone or not ``running`` — so nothing follows a task's terminal event.
+        """
+
     # --- liveness ---------------------------------------------------------------------
     @abstractmethod
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:

@@ -183,6 +183,16 @@ end
 return 0
 """
 
+# KEYS: task, events; ARGV: event name/data pairs. Only while the task runs: nothing is
+# appended after its terminal event, and no stream is made for a task that is gone.
+_APPEND = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+for i = 1, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
+end
+return 1
+"""
+
 # Worker expiry uses the server's clock, so workers on machines with skewed clocks agree.
 _REGISTER = """
 local t = redis.call('TIME')
@@ -287,6 +297,7 @@ class RedisStore(TaskStore):
         self._release = self._r.register_script(_RELEASE)
         self._register = self._r.register_script(_REGISTER)
         self._live = self._r.register_script(_LIVE)
+        self._append = self._r.register_script(_APPEND)
 
     @property
     def client(self) -> Redis:
@@ -567,6 +578,17 @@ class RedisStore(TaskStore):
                     )
                 entries = [entry for _, stream_entries in reply for entry in stream_entries]
         return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
+
+    # --- streamed text (delta events) -------------------------------------------------
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        if not events:
+            return True
+        args = [part for name, data in events for part in (name, json.dumps(data))]
+        keys = [self._task_key(task_id), self._events_key(task_id)]
+        with _unavailable():
+            return bool(await self._append(keys=keys, args=args))
 
     # --- liveness ---------------------------------------------------------------------
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:

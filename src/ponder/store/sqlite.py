@@ -424,6 +424,28 @@ class SqliteStore(TaskStore):
             if not signal.users:
                 del self._events[task_id]
 
+    # --- streamed text (delta events) -------------------------------------------------
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        if not events:
+            return True
+        async with self._tx() as db:
+            running = await _first(
+                db,
+                f"SELECT 1 FROM tasks WHERE id = ? AND status = 'running' AND {_LIVE}",
+                (task_id, time.time()),
+            )
+            if running is None:
+                return False
+            await db.executemany(
+                "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
+                [(task_id, name, json.dumps(data)) for name, data in events],
+            )
+        if (signal := self._events.get(task_id)) is not None:
+            signal.fire()
+        return True
+
     # --- liveness ---------------------------------------------------------------------
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:
         async with self._conn() as db:
