@@ -30,13 +30,7 @@ class WorkerRuntime:
         self.batcher = DynamicBatcher.from_settings(self.engine, settings)
         self.webhooks = WebhookSender(store, settings)
         self.workers = [
-            Worker(
-                store,
-                self.batcher,
-                settings,
-                worker_id=f"{settings.node_id}-w{i}",
-                webhooks=self.webhooks,
-            )
+            Worker(store, self.batcher, settings, worker_id=f"{settings.node_id}-w{i}")
             for i in range(workers)
         ]
         self._loops: list[asyncio.Task[None]] = []
@@ -44,6 +38,7 @@ class WorkerRuntime:
     async def start(self) -> None:
         await self.engine.start()
         await self.batcher.start()
+        await self.webhooks.start()  # the outbox's delivery loop of this process
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
         log.info(
             "%d worker(s) running engine %r (%s)",
