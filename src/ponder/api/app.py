@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -9,13 +10,14 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from ponder import __version__
+from ponder.aio import cancel_and_wait
 from ponder.api import events, openai_compat, ops, tasks
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
 from ponder.config import Settings
 from ponder.ids import IdGenerator
-from ponder.store import create_store
+from ponder.store import create_store, start_store
 
 __all__ = ["create_app"]
 
@@ -29,10 +31,14 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = create_store(settings)
-        await store.start()
         app.state.ponder = AppState(
             settings=settings, store=store, ids=IdGenerator(settings.node_id)
         )
+        # Serve at once even if the store is away: /healthz answers 200, /readyz and the
+        # task routes 503 until it answers (worker loops wait for it by themselves).
+        connecting: asyncio.Task[bool] | None = None
+        if not await start_store(store, attempts=1):
+            connecting = asyncio.create_task(start_store(store), name="store-start")
         runtime = None
         if workers:
             from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
@@ -43,6 +49,8 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
                 await runtime.start()
             yield
         finally:
+            if connecting is not None:
+                await cancel_and_wait([connecting])
             if runtime is not None:
                 await runtime.stop()
             await store.close()
