@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality chaos soak peers clean
+.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality bench-cancel chaos soak peers clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -47,6 +47,10 @@ bench-engine: install
 
 bench-quality: install
 	scripts/with-redis $(PY) bench/quality.py
+
+## Cancel latency across processes: API DELETE -> the worker stops the engine row.
+bench-cancel: install
+	$(PY) bench/cancels.py
 
 ## Reliability runs, each over its own redis-server on a free port (never the shared one):
 ## workers SIGKILLed + a Redis restart (bench/results/chaos.md); 20,000 submits at 2x the
