@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test lint fmt bench-batching bench-engine bench-quality bench-cancel chaos soak peers clean
+.PHONY: install serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-cancel chaos soak peers clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -41,6 +41,9 @@ fmt: install
 ## Benchmarks: each writes bench/results/<name>.md and a PNG.
 bench-batching: install
 	$(PY) bench/batching.py
+
+bench-continuous: install
+	$(PY) bench/continuous.py
 
 bench-engine: install
 	$(PY) bench/engine.py

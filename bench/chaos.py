@@ -200,29 +200,28 @@ async def wait_ready(url: str, workers: int, timeout_s: float = 60) -> None:
 
 
 def run_as_worker(engine_log: str) -> None:
-    """``ponder worker``, plus a line per sample the engine starts (``S time task index``),
-    one per sample it returns (``F time task index``) and one per sample the worker tells
-    it to stop (``C time task index``)."""
+    """``ponder worker``, plus a line per sample handed to the engine (``S time task
+    index``), one per sample it returns (``F time task index``) and one per sample the
+    worker tells it to stop (``C time task index``)."""
     from ponder.cli import app
     from ponder.engines.scripted import ScriptedEngine
 
     fd = os.open(engine_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    generate = ScriptedEngine.generate
+    submit = ScriptedEngine.submit
 
-    def cancelled(request: Any) -> None:
-        os.write(fd, f"C {time.time():.6f} {request.task_id} {request.sample_index}\n".encode())
+    def line(kind: str, request: Any) -> None:
+        os.write(
+            fd, f"{kind} {time.time():.6f} {request.task_id} {request.sample_index}\n".encode()
+        )
 
-    async def logged(self: ScriptedEngine, batch: Any) -> Any:
-        t = time.time()
-        for r in batch:
-            r.on_cancel(functools.partial(cancelled, r))
-        os.write(fd, "".join(f"S {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
-        out = await generate(self, batch)
-        t = time.time()
-        os.write(fd, "".join(f"F {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
+    async def logged(self: ScriptedEngine, request: Any) -> Any:
+        request.on_cancel(functools.partial(line, "C", request))
+        line("S", request)
+        out = await submit(self, request)
+        line("F", request)
         return out
 
-    ScriptedEngine.generate = logged  # type: ignore[method-assign]
+    ScriptedEngine.submit = logged  # type: ignore[method-assign]
     sys.argv = ["ponder", "worker"]
     app()
 
@@ -642,8 +641,8 @@ async def main(args: argparse.Namespace) -> int:
             "lease_s": args.lease_s,
             "claim_block_ms": 500,
             "store_timeout_s": 2,
-            "scripted_batch_ms": "20,2",
-            "batch_max_concurrent": 4,
+            "scripted_step_ms": "20,2",
+            "engine_max_rows": 32,
             "shutdown_grace_s": 5,
         }
         api = PonderProc(
@@ -778,8 +777,9 @@ def render(
         "",
         "- Own `redis-server` on a free loopback port, AOF on (`appendfsync always`); "
         "1 `ponder api` + "
-        f"{args.workers} `ponder worker` processes, scripted engine (`20 ms + 2 ms/row` per "
-        "batch, per-sample `[[sleep_ms]]` of 50-1500 ms), batch size 8, 4 batches at once.",
+        f"{args.workers} `ponder worker` processes, scripted engine (continuous batching, "
+        "`20 ms + 2 ms/row` per step, up to 32 rows, per-sample `[[sleep_ms]]` of "
+        "50-1500 ms).",
         f"- `PONDER_LEASE_S={args.lease_s:g}`, `PONDER_MAX_DELIVERIES=5` (default), "
         "shutdown grace 5 s.",
         f"- {args.tasks} tasks submitted at {args.rate:g}/s: "

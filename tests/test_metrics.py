@@ -42,8 +42,9 @@ async def test_a_worker_serves_its_own_metrics(redis_settings: Settings, tmp_pat
         scraped = (await c.get(f"http://127.0.0.1:{port}/metrics")).text
         api_side = samples((await c.get("/metrics")).text)
     got = samples(scraped)
-    assert got[("ponder_batch_size_count", ())] >= 1
-    assert got[("ponder_batch_run_seconds_count", ())] >= 1
+    # the engine's batch (continuous batching: rows admitted, rows by state, throughput)
+    assert got[("ponder_engine_queue_wait_seconds_count", ())] >= 4
+    assert ("ponder_engine_rows", (("state", "running"),)) in got
     assert got[("ponder_sample_latency_seconds_count", ())] >= 4
     assert got[("ponder_completion_tokens_total", ())] > 0
     assert ("ponder_engine_tokens_per_second", ()) in got

@@ -63,24 +63,33 @@ def _serve_http(settings: Settings, workers: int) -> None:
     import uvicorn
 
     from ponder.api import create_app
+    from ponder.store import create_store
 
     if not settings.api_keys:
         err_console.print(
             "[yellow]auth is off[/yellow] (PONDER_API_KEYS unset): anyone who can reach "
             f"{settings.host}:{settings.port} can submit and read tasks"
         )
-    store = f"Redis at {settings.redis_url}" if settings.redis_url else settings.sqlite_path
+    store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{settings.host}:{settings.port} — store: {store}; "
         f"engine: {settings.engine if workers else '(none: api only)'}"
     )
-    uvicorn.run(
-        create_app(settings, workers=workers),
-        host=settings.host,
-        port=settings.port,
-        log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
-    )
+    application = create_app(settings, workers=workers)
+    try:
+        uvicorn.run(
+            application,
+            host=settings.host,
+            port=settings.port,
+            log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+        )
+    except SystemExit:  # uvicorn's exit when the start-up failed
+        error = getattr(application.state, "startup_error", None)
+        if error is None:
+            raise
+        err_console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 @app.command()

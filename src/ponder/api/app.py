@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.datastructures import State
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ponder import __version__
 from ponder.aio import cancel_and_wait
@@ -16,17 +19,43 @@ from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
 from ponder.config import Settings
+from ponder.errors import ConfigError
 from ponder.ids import IdGenerator
 from ponder.store import create_store, start_store
 
-__all__ = ["create_app"]
+__all__ = ["StartupErrors", "create_app"]
 
 log = logging.getLogger("ponder.api")
 
 
+class StartupErrors:
+    """Keeps a configuration error at start-up (an unknown engine, a model that is not
+    there) from becoming Starlette's traceback: the lifespan's failure message is left
+    empty and the error kept on ``app.state.startup_error``, for ``ponder serve`` to print
+    in one line. Every other error, and every other scope, passes through unchanged."""
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Message) -> None:
+            error = sys.exc_info()[1]  # Starlette reports from inside its except block
+            if message["type"] == "lifespan.startup.failed" and isinstance(error, ConfigError):
+                self.state.startup_error = error
+                message = {**message, "message": ""}
+            await send(message)
+
+        await self.app(scope, receive, quiet)
+
+
 def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     """The HTTP API; with ``workers`` > 0 the process also runs that many worker loops
-    over one engine and batcher (the all-in-one ``ponder serve``)."""
+    over one engine (the all-in-one ``ponder serve``); ``app.state.runtime`` holds it."""
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -34,17 +63,18 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         app.state.ponder = AppState(
             settings=settings, store=store, ids=IdGenerator(settings.node_id)
         )
-        # Serve at once even if the store is away: /healthz answers 200, /readyz and the
-        # task routes 503 until it answers (worker loops wait for it by themselves).
-        connecting: asyncio.Task[bool] | None = None
-        if not await start_store(store, attempts=1):
-            connecting = asyncio.create_task(start_store(store), name="store-start")
         runtime = None
         if workers:
             from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
 
             runtime = WorkerRuntime(settings, store, workers=workers)
+        app.state.runtime = runtime  # None in an API-only process
+        connecting: asyncio.Task[bool] | None = None
         try:
+            # Serve at once even if the store is away: /healthz answers 200, /readyz and
+            # the task routes 503 until it answers (worker loops wait for it themselves).
+            if not await start_store(store, attempts=1):
+                connecting = asyncio.create_task(start_store(store), name="store-start")
             if runtime is not None:
                 await runtime.start()
             yield
@@ -63,6 +93,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     )
     install_error_handlers(app)
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(StartupErrors, state=app.state)
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(openai_compat.router)
