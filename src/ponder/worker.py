@@ -124,6 +124,8 @@ class Worker:
         self._stopping = asyncio.Event()
         self._reclaim_every_s = min(settings.heartbeat_interval_s, 1.0)
         self._last_reclaim = -math.inf
+        #: set by a store error: the first call that works again does not take over
+        self._store_was_away = False
 
     # --- lifecycle --------------------------------------------------------------------
     def stop(self) -> None:
@@ -178,6 +180,7 @@ class Worker:
             except RecoverableError as e:
                 for _ in range(held):
                     self._slots.release()
+                self._store_was_away = True
                 log.warning("store unavailable, retrying in %.2fs: %s", backoff_s, e)
                 await self._sleep_unless_stopping(backoff_s)
                 backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
@@ -194,8 +197,16 @@ class Worker:
                 return
 
     async def _next_claims(self, room: int) -> list[Claim]:
-        """Entries taken over from dead or lapsed workers (up to ``room``), else one new."""
+        """Entries taken over from dead or lapsed workers (up to ``room``), else one new.
+
+        After a store outage no takeover for one heartbeat interval: every worker's
+        registration and leases may have lapsed meanwhile, and the live ones renew them
+        within that time (their heartbeat retries sooner after a failure).
+        """
         now = time.monotonic()
+        if self._store_was_away:
+            self._store_was_away = False
+            self._last_reclaim = now + self.settings.heartbeat_interval_s - self._reclaim_every_s
         if now - self._last_reclaim >= self._reclaim_every_s:
             self._last_reclaim = now
             taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
