@@ -216,6 +216,25 @@ async def start_worker(
     return worker
 
 
+@asynccontextmanager
+async def api_over_redis(
+    settings: Settings,
+) -> AsyncIterator[tuple[list[Proc], httpx.AsyncClient, RedisStore]]:
+    """An API on loopback over Redis, a client of it, a store to read event logs with, and
+    the list to put worker processes in (each killed at the end)."""
+    store = RedisStore(settings)
+    async with (
+        processes() as procs,
+        LiveServer(settings, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+    ):
+        await store.start()
+        try:
+            yield procs, c, store
+        finally:
+            await store.close()
+
+
 async def events_of(store: RedisStore, task_id: str) -> list[Event]:
     return await store.read_events(task_id, None, limit=1000)
 
@@ -534,25 +553,16 @@ async def test_killed_worker_task_is_reclaimed_keeping_finished_samples(
     # one row at a time on the engine: samples finish one after another
     sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
-            task = (await c.post("/v1/tasks", json=body)).json()
-            seen = await wait_event(store, task["id"], lambda e: e.event == "sample")
-            victim.send(signal.SIGKILL)  # mid-task: one sample saved, the next one running
-            assert await victim.wait(10) == -signal.SIGKILL
-            (kept,) = [e.data for e in seen if e.event == "sample"]
-            await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
-            final = await wait_for_task(c, task["id"], timeout_s=30)
-            events = await events_of(store, task["id"])
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
+        task = (await c.post("/v1/tasks", json=body)).json()
+        seen = await wait_event(store, task["id"], lambda e: e.event == "sample")
+        victim.send(signal.SIGKILL)  # mid-task: one sample saved, the next one running
+        assert await victim.wait(10) == -signal.SIGKILL
+        (kept,) = [e.data for e in seen if e.event == "sample"]
+        await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
+        final = await wait_for_task(c, task["id"], timeout_s=30)
+        events = await events_of(store, task["id"])
     assert final["status"] == "done"
     assert final["attempts"] == 2  # started by wA, reclaimed once by wB
     assert final["samples_done"] == 3
@@ -575,25 +585,16 @@ async def test_a_killed_workers_16_tasks_all_resume_within_one_lease(
     # 3 samples: the first wave (2) ends after 2 s and leaves the vote open; the third
     # still runs when the worker dies
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 2000]]", "samples": 3}
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
-            ids = [(await c.post("/v1/tasks", json=body)).json()["id"] for _ in range(16)]
-            saved = [await samples_saved(store, i, 2) for i in ids]
-            victim.send(signal.SIGKILL)
-            killed_at = time.time()
-            assert await victim.wait(10) == -signal.SIGKILL
-            await start_worker(procs, tmp_path, redis_settings, "wB", **options)
-            finals = [await wait_for_task(c, i, timeout_s=60) for i in ids]
-            logs = [await events_of(store, i) for i in ids]
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
+        ids = [(await c.post("/v1/tasks", json=body)).json()["id"] for _ in range(16)]
+        saved = [await samples_saved(store, i, 2) for i in ids]
+        victim.send(signal.SIGKILL)
+        killed_at = time.time()
+        assert await victim.wait(10) == -signal.SIGKILL
+        await start_worker(procs, tmp_path, redis_settings, "wB", **options)
+        finals = [await wait_for_task(c, i, timeout_s=60) for i in ids]
+        logs = [await events_of(store, i) for i in ids]
     resumed_after = []
     for task_id, final, events, before in zip(ids, finals, logs, saved, strict=True):
         assert final["status"] == "done" and final["attempts"] == 2, final
@@ -619,25 +620,14 @@ async def test_reclaim_after_the_first_wave_runs_the_remaining_samples(
     # saved, while the third runs: the reclaim must run the third, not time it out
     sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
-            task = (await c.post("/v1/tasks", json=body)).json()
-            await wait_event(
-                store, task["id"], lambda e: e.event == "sample" and e.data["index"] == 1
-            )
-            victim.send(signal.SIGKILL)
-            await victim.wait(10)
-            await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
-            final = await wait_for_task(c, task["id"], timeout_s=30)
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
+        task = (await c.post("/v1/tasks", json=body)).json()
+        await wait_event(store, task["id"], lambda e: e.event == "sample" and e.data["index"] == 1)
+        victim.send(signal.SIGKILL)
+        await victim.wait(10)
+        await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
+        final = await wait_for_task(c, task["id"], timeout_s=30)
     assert final["status"] == "done", [s["status"] for s in final["samples"]]
     assert final["attempts"] == 2 and final["samples_done"] == 3
 
@@ -651,39 +641,30 @@ async def test_sigterm_lets_running_tasks_finish_and_releases_the_rest(
         "shutdown_grace_s": 1.5,
         "engine_max_rows": 4,
     }
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            worker = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
-            short = (
-                await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 800]]", "mode": "fast"})
-            ).json()
-            long = (
-                await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 3500]]", "mode": "fast"})
-            ).json()
-            for t in (short, long):
-                await wait_event(store, t["id"], lambda e: e.data.get("status") == "running")
-            worker.send(signal.SIGTERM)
-            t0 = time.monotonic()
-            assert await worker.wait(20) == 0, worker.log()[-3000:]
-            assert time.monotonic() - t0 < options["shutdown_grace_s"] + 5
-            assert "worker stopping" in worker.log()
-            finished = (await c.get(f"/v1/tasks/{short['id']}")).json()
-            assert finished["status"] == "done" and finished["attempts"] == 1
-            released = (await c.get(f"/v1/tasks/{long['id']}")).json()
-            assert released["status"] not in TERMINAL_NAMES
-            t1 = time.monotonic()
-            await start_worker(procs, tmp_path, redis_settings, "wB", **options)
-            taken_over = await wait_for_task(c, long["id"], timeout_s=20)
-            assert time.monotonic() - t1 < options["lease_s"]  # released, not reclaimed
-            events = await events_of(store, long["id"])
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        worker = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
+        short = (
+            await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 800]]", "mode": "fast"})
+        ).json()
+        long = (
+            await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 3500]]", "mode": "fast"})
+        ).json()
+        for t in (short, long):
+            await wait_event(store, t["id"], lambda e: e.data.get("status") == "running")
+        worker.send(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert await worker.wait(20) == 0, worker.log()[-3000:]
+        assert time.monotonic() - t0 < options["shutdown_grace_s"] + 5
+        assert "worker stopping" in worker.log()
+        finished = (await c.get(f"/v1/tasks/{short['id']}")).json()
+        assert finished["status"] == "done" and finished["attempts"] == 1
+        released = (await c.get(f"/v1/tasks/{long['id']}")).json()
+        assert released["status"] not in TERMINAL_NAMES
+        t1 = time.monotonic()
+        await start_worker(procs, tmp_path, redis_settings, "wB", **options)
+        taken_over = await wait_for_task(c, long["id"], timeout_s=20)
+        assert time.monotonic() - t1 < options["lease_s"]  # released, not reclaimed
+        events = await events_of(store, long["id"])
     assert taken_over["status"] == "done" and taken_over["attempts"] == 2
     assert sum(e.event == "result" for e in events) == 1
 
