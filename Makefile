@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-cancel chaos soak peers clean
+.PHONY: install serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-cancel chaos soak peers clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,10 @@ bench-engine: install
 
 bench-quality: install
 	scripts/with-redis $(PY) bench/quality.py
+
+## A 2,000-line batch under interactive load at 50 % of capacity (own redis-server).
+bench-batch: install
+	$(PY) bench/batch.py
 
 ## Cancel latency across processes: API DELETE -> the worker stops the engine row.
 bench-cancel: install

@@ -436,6 +436,59 @@ async def scripted_section(scale: float) -> list[LoadResult | batching.RunResult
     return out
 
 
+async def preemption_section(seconds: float) -> list[str]:
+    """A flood of long priority-5 rows keeps every slot busy; short priority-1 rows arrive
+    (Poisson, 2/s): their latency with and without preemption."""
+    lines = [
+        f"Scripted engine, 16 rows, 10 ms + 0.5 ms per row per step; 32 priority-5 rows of "
+        f"200 tokens always queued (a backlog); short priority-1 rows (5 tokens) arriving "
+        f"at 2/s for {seconds:g} s. Without preemption an urgent row waits for a slot "
+        "(fair share admits it first, but only when a row ends).",
+        "",
+        "| preemption | urgent rows | urgent p50 | urgent p99 | background tokens/s | preempted |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for after_ms in (0.0, 100.0):
+        engine = ScriptedEngine(step_ms=(10, 0.5), max_rows=16, preempt_after_ms=after_ms)
+        await engine.start()
+        stop = asyncio.Event()
+
+        async def background(_e: ScriptedEngine = engine, _stop: asyncio.Event = stop) -> None:
+            while not _stop.is_set():
+                await _e.submit(SampleRequest(prompt="[[tokens: 200]]", priority=5))
+
+        lanes = [asyncio.create_task(background()) for _ in range(48)]
+        rng = random.Random(f"{SEED}:preempt")
+        latencies: list[float] = []
+
+        async def urgent(_e: ScriptedEngine = engine, _out: list[float] = latencies) -> None:
+            start = time.monotonic()
+            await _e.submit(SampleRequest(prompt="[[tokens: 5]]", priority=1))
+            _out.append(time.monotonic() - start)
+
+        await asyncio.sleep(2.0)  # the backlog fills every slot
+        tokens_before, t0 = engine.stats.tokens, time.monotonic()
+        jobs = []
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            await asyncio.sleep(rng.expovariate(2.0))
+            jobs.append(asyncio.create_task(urgent()))
+        await asyncio.gather(*jobs)
+        rate = (engine.stats.tokens - tokens_before) / (time.monotonic() - t0)
+        stop.set()
+        for lane in lanes:
+            lane.cancel()
+        await asyncio.gather(*lanes, return_exceptions=True)
+        await engine.close()
+        label = "off" if not after_ms else f"after {after_ms:g} ms"
+        lines.append(
+            f"| {label} | {len(latencies)} | {percentile(latencies, 50):.2f} s | "
+            f"{percentile(latencies, 99):.2f} s | {rate:.0f} | {engine.stats.preempted} |"
+        )
+        log(f"preemption {label}: p99 {percentile(latencies, 99):.2f}s")
+    return lines
+
+
 # --- the run ---------------------------------------------------------------------------
 
 
@@ -511,6 +564,7 @@ def write_report(
     essay: list[str],
     openai: list[str],
     scripted: list[LoadResult | batching.RunResult],
+    preemption: list[str],
     started_load: str,
     elapsed_s: float,
 ) -> Path:
@@ -599,6 +653,8 @@ def write_report(
         ]
     if openai:
         lines += ["## OpenAI engine against a stand-in server", "", *openai, ""]
+    if preemption:
+        lines += ["## Preemption (`PONDER_ENGINE_PREEMPT_AFTER_MS`)", "", *preemption, ""]
     if scripted:
         ideal = batching.capacity_rps()
         lines += [
@@ -666,8 +722,9 @@ def main() -> None:
     parser.add_argument("--openai-tasks", type=int, default=128)
     parser.add_argument("--openai-delay-s", type=float, default=2.0)
     parser.add_argument("--scripted-scale", type=float, default=1.0)
-    parser.add_argument("--skip", nargs="*", default=[], choices=["model", "essay", "openai",
-                                                                  "scripted"])  # fmt: skip
+    parser.add_argument("--preempt-s", type=float, default=30.0, help="urgent arrivals window")
+    sections = ["model", "essay", "openai", "scripted", "preemption"]
+    parser.add_argument("--skip", nargs="*", default=[], choices=sections)
     args = parser.parse_args()
     started, started_load = time.monotonic(), load_average()
     log(f"load average {started_load}")
@@ -683,10 +740,20 @@ def main() -> None:
         else asyncio.run(openai_section(settings, args.openai_tasks, args.openai_delay_s))
     )
     scripted = [] if "scripted" in args.skip else asyncio.run(scripted_section(args.scripted_scale))
+    preemption = (
+        [] if "preemption" in args.skip else asyncio.run(preemption_section(args.preempt_s))
+    )
     for suffix in ("", "-wal", "-shm"):
         Path(f"{settings.sqlite_path}{suffix}").unlink(missing_ok=True)
     report = write_report(
-        args, figures, essay, openai, scripted, started_load, time.monotonic() - started
+        args,
+        figures,
+        essay,
+        openai,
+        scripted,
+        preemption,
+        started_load,
+        time.monotonic() - started,
     )
     figure = plot(figures) if figures is not None else None
     print(

@@ -12,8 +12,8 @@ attempt (the store keeps the schedule).
 A row is generic: its event type, the target URL, either a task to build the body from
 (``task_id``, attempts are then recorded on the task's ``callback.deliveries``) or a
 ready body (``body``, sent as given), an optional secret (else ``PONDER_WEBHOOK_SECRET``)
-and its ``webhook_id``, which is also its key: adding a row whose id is already queued
-changes nothing, and a receiver de-duplicates on it.
+and its ``webhook_id``, which is also its key: a row is added once per id (for
+``task_ttl_s``; adding it again changes nothing), and a receiver de-duplicates on it.
 """
 
 from __future__ import annotations
@@ -96,25 +96,19 @@ class OutboxEntry(BaseModel):
         return cls.model_validate_json(raw)
 
 
-def task_deliveries(
-    task: Task, events: Sequence[tuple[str, dict[str, Any]]]
-) -> tuple[list[OutboxEntry], list[OutboxEntry]]:
-    """The webhooks a write of ``task`` (with its log ``events``) causes.
-
-    Returns ``(on_terminal, always)``: the terminal event, to be added only if the write
-    moves the task into a terminal state (later writes of a finished task, such as
-    delivery records, add nothing), and ``task.preliminary`` when the write carries the
-    preliminary answer (written once per task).
-    """
+def task_deliveries(task: Task, events: Sequence[tuple[str, dict[str, Any]]]) -> list[OutboxEntry]:
+    """The webhooks a write of ``task`` (with its log ``events``) causes: the terminal
+    event of a terminal task, ``task.preliminary`` when the write carries a preliminary
+    answer. The store adds each id once, so only the write that ends the task sends its
+    end (not the later ones that record deliveries), and only the first preliminary
+    answer of a task is sent."""
     if task.callback is None:
-        return [], []
+        return []
     url = task.callback.url
-
-    def entry(event: str) -> OutboxEntry:
-        return OutboxEntry(
-            webhook_id=webhook_id(task.id, event), event=event, url=url, task_id=task.id
-        )
-
-    terminal = [entry(terminal_event(task.status))] if task.status in _TERMINAL_EVENTS else []
-    preliminary = [entry(PRELIMINARY)] if any(name == "preliminary" for name, _ in events) else []
-    return terminal, preliminary
+    events_sent = [terminal_event(task.status)] if task.status in _TERMINAL_EVENTS else []
+    if any(name == "preliminary" for name, _ in events):
+        events_sent.append(PRELIMINARY)
+    return [
+        OutboxEntry(webhook_id=webhook_id(task.id, event), event=event, url=url, task_id=task.id)
+        for event in events_sent
+    ]

@@ -14,7 +14,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ponder import __version__
 from ponder.aio import cancel_and_wait
-from ponder.api import events, openai_compat, ops, tasks
+from ponder.api import batches, events, files, openai_compat, ops, responses, tasks
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
@@ -92,10 +92,18 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         lifespan=lifespan,
     )
     install_error_handlers(app)
-    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(
+        BodySizeLimit,
+        max_bytes=settings.max_body_bytes,
+        # a file upload's limit is its own, plus the multipart framing
+        path_limits={"/v1/files": settings.files_max_bytes + 65_536},
+    )
     app.add_middleware(StartupErrors, state=app.state)
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(openai_compat.router)
+    app.include_router(responses.router)
+    app.include_router(files.router)
+    app.include_router(batches.router)
     app.include_router(ops.router)
     return app
