@@ -449,7 +449,7 @@ async def claim_all(store: TaskStore, consumer: str = "d", **kw: Any) -> list[Ou
     return entries
 
 
-async def test_the_terminal_write_adds_the_webhook_once(store: TaskStore) -> None:
+async def test_the_terminal_write_adds_the_webhook_once_ever(store: TaskStore) -> None:
     cursor, _ = await store.read_notices(Notice.outbox, None, 0)
     task, _ = await store.create_task(with_callback(), max_pending=10)
     plain = await add(store)
@@ -469,6 +469,12 @@ async def test_the_terminal_write_adds_the_webhook_once(store: TaskStore) -> Non
     ]
     _, posted = await store.read_notices(Notice.outbox, cursor, 0)
     assert posted  # delivery loops were woken
+    for entry in entries:
+        await store.finish_delivery(entry.webhook_id)
+    # sent: a later preliminary answer, a rewrite of the end, the same ids again add nothing
+    assert await store.update_task(task, [("preliminary", {"answer": "5"})])
+    await store.enqueue_deliveries(entries)
+    assert await store.outbox_depth() == 0
 
 
 async def test_a_cancel_adds_its_webhook(store: TaskStore) -> None:
