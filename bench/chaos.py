@@ -569,6 +569,7 @@ class Takeovers:
     per_task: list[float]  # per task taken over: until it started again
     kills_holding: int  # kills of a worker that held queue entries
     unknown: int  # kills during the Redis outage (entries not readable)
+    by_kill: dict[int, float]  # id(kill) -> its takeover time
 
 
 def takeovers(kills: Sequence[Kill], starts_at: dict[str, list[float]]) -> Takeovers:
@@ -576,6 +577,7 @@ def takeovers(kills: Sequence[Kill], starts_at: dict[str, list[float]]) -> Takeo
     that ended meanwhile, e.g. cancelled, or never started again, is left out)."""
     per_kill: list[float] = []
     per_task: list[float] = []
+    by_kill: dict[int, float] = {}
     holding = unknown = 0
     for kill in kills:
         if kill.held is None:
@@ -590,7 +592,8 @@ def takeovers(kills: Sequence[Kill], starts_at: dict[str, list[float]]) -> Takeo
         per_task += waits
         if waits:
             per_kill.append(max(waits))
-    return Takeovers(per_kill, per_task, holding, unknown)
+            by_kill[id(kill)] = max(waits)
+    return Takeovers(per_kill, per_task, holding, unknown, by_kill)
 
 
 @dataclass
@@ -824,6 +827,14 @@ def render(
         f"{max(taken.per_task, default=float('nan')):.2f} s |",
         f"| kills of a worker holding tasks / while Redis was down (not measured) | "
         f"{taken.kills_holding} / {taken.unknown} |",
+        "| takeover after each kill (t = kill time: entries held → s until the last "
+        "started again) | "
+        + ", ".join(
+            f"t={k.at:.0f}: {'?' if k.held is None else len(k.held)}"
+            + (f" → {w:.1f}" if (w := taken.by_kill.get(id(k))) is not None else "")
+            for k in run.kills
+        )
+        + " |",
         f"| finished samples kept across those reclaims | {audit['kept_samples']} |",
         "| attempts per task | "
         + ", ".join(f"{k}: {attempts[k]}" for k in sorted(attempts))

@@ -213,8 +213,6 @@ class WebhookSender:
         store: TaskStore,
         settings: Settings,
         client: httpx.AsyncClient | None = None,
-        *,
-        consumer: str | None = None,
     ) -> None:
         self.store = store
         self._secret = (
@@ -228,7 +226,7 @@ class WebhookSender:
         self._per_host = settings.webhook_max_per_host
         self._grace_s = settings.shutdown_grace_s
         #: names this loop's leases in the outbox
-        self.consumer = consumer or f"{settings.node_id}-webhooks"
+        self.consumer = f"{settings.node_id}-webhooks"
         # an attempt takes at most webhook_timeout_s; the lease also covers the store
         # calls around it, so a live loop is not overtaken
         self.lease_s = settings.webhook_timeout_s + 2 * settings.store_timeout_s + 1

@@ -126,6 +126,8 @@ class Worker:
         self._last_reclaim = -math.inf
         #: set by a store error: the first call that works again does not take over
         self._store_was_away = False
+        #: the last takeover filled every free slot: there may be more to take at once
+        self._more_to_take = False
 
     # --- lifecycle --------------------------------------------------------------------
     def stop(self) -> None:
@@ -199,17 +201,21 @@ class Worker:
     async def _next_claims(self, room: int) -> list[Claim]:
         """Entries taken over from dead or lapsed workers (up to ``room``), else one new.
 
-        After a store outage no takeover for one heartbeat interval: every worker's
-        registration and leases may have lapsed meanwhile, and the live ones renew them
-        within that time (their heartbeat retries sooner after a failure).
+        While a takeover fills every free slot, the next free slots go to the rest of it
+        before any new entry (a busy worker frees one slot at a time). After a store
+        outage no takeover for one heartbeat interval: every worker's registration and
+        leases may have lapsed meanwhile, and the live ones renew them within that time
+        (their heartbeat retries sooner after a failure).
         """
         now = time.monotonic()
         if self._store_was_away:
             self._store_was_away = False
+            self._more_to_take = False
             self._last_reclaim = now + self.settings.heartbeat_interval_s - self._reclaim_every_s
-        if now - self._last_reclaim >= self._reclaim_every_s:
+        if self._more_to_take or now - self._last_reclaim >= self._reclaim_every_s:
             self._last_reclaim = now
             taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
+            self._more_to_take = len(taken) == room
             if taken:
                 metrics.TASKS_RECLAIMED.inc(len(taken))
                 log.info("worker %s took over %d task(s)", self.worker_id, len(taken))
