@@ -34,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
 import functools
 import json
 import os
@@ -334,6 +335,9 @@ class Run:
     redis_down_s: float | None = None
     outage_wall: tuple[float, float] | None = None  # time.time() while Redis was down
     load: tuple[float, float] = (0.0, 0.0)
+    started_at: str = field(
+        default_factory=lambda: f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+    )
     t0: float = 0.0
     submits_done: asyncio.Event = field(default_factory=asyncio.Event)
     all_ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -766,7 +770,7 @@ def render(
         "# Chaos run",
         "",
         f"`make chaos` (`.venv/bin/python bench/chaos.py`) at commit {args.commit}, "
-        f"seed {args.seed}. "
+        f"seed {args.seed}, started {run.started_at}. "
         f"{environment()}, redis-server {redis_ver}.",
         "",
         load_note(*run.load),
