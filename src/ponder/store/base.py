@@ -252,8 +252,9 @@ class TaskStore(ABC):
         they are due again, for another loop, unless finished or rescheduled).
 
         ``host_room`` is how many more attempts each busy host may get (the caller's own
-        attempts in flight), ``per_host`` the room of any other host. Returns the entries
-        and the seconds until the next entry is due (None: the outbox is empty).
+        attempts in flight), ``per_host`` the room of any other host; a due entry of a host
+        without room waits a second, letting other hosts by. Returns the entries and the
+        seconds until the next entry is due (None: the outbox is empty).
         """
 
     @abstractmethod

@@ -807,7 +807,6 @@ class RedisStore(TaskStore):
         host_room: Mapping[str, int],
         per_host: int,
     ) -> tuple[list[OutboxEntry], float | None]:
-        """A due entry whose host has no room waits a second, letting other hosts by."""
         if limit < 1:
             return [], None
         args: list[str | int] = [
