@@ -6,6 +6,7 @@ import asyncio
 import os
 import socket
 import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -206,3 +207,19 @@ async def wait_for_task(
 
 
 TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}
+
+
+async def until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``check()`` (sync or async) until it returns something truthy; fail after
+    ``timeout_s`` naming ``what``. Only for state that no event announces: other
+    processes watched from the outside, the webhook outbox draining."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)

@@ -10,7 +10,7 @@ import os
 import secrets
 import signal
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -38,7 +38,7 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # a message stays one line, never wrapped
 
 EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE = 0, 1, 2
 _DEFAULT_URL = "http://127.0.0.1:8000"
@@ -64,24 +64,33 @@ def _serve_http(settings: Settings, workers: int) -> None:
     import uvicorn
 
     from ponder.api import create_app
+    from ponder.store import create_store
 
     if not settings.api_keys:
         err_console.print(
             "[yellow]auth is off[/yellow] (PONDER_API_KEYS unset): anyone who can reach "
             f"{settings.host}:{settings.port} can submit and read tasks"
         )
-    store = f"Redis at {settings.redis_url}" if settings.redis_url else settings.sqlite_path
+    store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{settings.host}:{settings.port} — store: {store}; "
         f"engine: {settings.engine if workers else '(none: api only)'}"
     )
-    uvicorn.run(
-        create_app(settings, workers=workers),
-        host=settings.host,
-        port=settings.port,
-        log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
-    )
+    application = create_app(settings, workers=workers)
+    try:
+        uvicorn.run(
+            application,
+            host=settings.host,
+            port=settings.port,
+            log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+        )
+    except SystemExit:  # uvicorn's exit when the start-up failed
+        error = getattr(application.state, "startup_error", None)
+        if error is None:
+            raise
+        err_console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 @app.command()
@@ -115,10 +124,23 @@ def api(
 @app.command()
 def worker(
     workers: Annotated[int, typer.Option(min=1, help="worker loops in this process")] = 1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            show_default=False,
+            help="serve this process's Prometheus metrics on this port, at /metrics "
+            "(bound to PONDER_HOST) [PONDER_METRICS_PORT]",
+        ),
+    ] = None,
 ) -> None:
-    """A worker process: claims tasks from Redis and runs them through the engine."""
+    """A worker process: claims tasks from Redis and runs them through the engine.
+
+    Waits for Redis at start-up (one line per attempt) and rides out Redis outages.
+    """
     _logging()
-    settings = _settings()
+    settings = _settings(metrics_port=metrics_port)
     if not settings.redis_url:
         err_console.print(
             "[red]error:[/red] `ponder worker` needs PONDER_REDIS_URL; "
@@ -132,18 +154,51 @@ def worker(
         raise typer.Exit(EXIT_USAGE) from e
 
 
+def _serve_metrics(settings: Settings) -> Callable[[], None] | None:
+    """Serve the process's Prometheus registry on ``metrics_port`` (a thread of
+    prometheus_client's own); return the function that stops it."""
+    if settings.metrics_port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from ponder import metrics
+
+    address = f"{settings.host}:{settings.metrics_port}"
+    try:
+        server, thread = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=metrics.REGISTRY
+        )
+    except OSError as e:
+        raise ConfigError(
+            f"cannot serve metrics on {address} ({e.strerror or e}); set PONDER_METRICS_PORT "
+            "(or --metrics-port) to a free port, or PONDER_HOST to an address of this machine"
+        ) from e
+    err_console.print(f"metrics on http://{address}/metrics")
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return stop
+
+
 async def _run_worker(settings: Settings, workers: int) -> None:
     from ponder.runtime import WorkerRuntime
-    from ponder.store import create_store
+    from ponder.store import create_store, start_store
 
-    store = create_store(settings)
-    await store.start()
-    runtime = WorkerRuntime(settings, store, workers=workers)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    store = create_store(settings)
+    stop_metrics = _serve_metrics(settings)
+    runtime: WorkerRuntime | None = None
     try:
+        if not await start_store(store, stop=stop):
+            err_console.print("worker stopping: the store never answered")
+            return
+        runtime = WorkerRuntime(settings, store, workers=workers)
         await runtime.start()
         err_console.print(f"worker {settings.node_id} running ({workers} loop(s))")
         waiter = asyncio.create_task(runtime.wait())
@@ -154,8 +209,11 @@ async def _run_worker(settings: Settings, workers: int) -> None:
             waiter.result()
         err_console.print("worker stopping: finishing running tasks")
     finally:
-        await runtime.stop()
+        if runtime is not None:
+            await runtime.stop()
         await store.close()
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 # --- using a service ------------------------------------------------------------------

@@ -175,6 +175,13 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=1, description="claims of one task before failing")
     claim_block_ms: int = Field(default=1000, ge=10, description="idle wait of one claim call")
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="`ponder worker`: serve the process's Prometheus metrics on this port "
+        "(bound to PONDER_HOST); unset: none (`serve` and `api` have /metrics)",
+    )
     modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
 
     # --- enhancement ------------------------------------------------------------------
@@ -300,6 +307,12 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(default=10.0, gt=0, description="one delivery attempt")
     webhook_max_response_bytes: int = Field(
         default=65_536, ge=0, description="most of a receiver's answer read back"
+    )
+    webhook_max_in_flight: int = Field(
+        default=16, ge=1, description="webhook attempts in flight at once per worker process"
+    )
+    webhook_max_per_host: int = Field(
+        default=4, ge=1, description="of those, at most this many to one host:port"
     )
     callback_allow_private: bool = Field(
         default=False,

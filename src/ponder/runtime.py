@@ -42,24 +42,19 @@ class WorkerRuntime:
             runner = self.batcher
         self.webhooks = WebhookSender(store, settings)
         self.workers = [
-            Worker(
-                store,
-                runner,
-                settings,
-                worker_id=f"{settings.node_id}-w{i}",
-                webhooks=self.webhooks,
-            )
+            Worker(store, runner, settings, worker_id=f"{settings.node_id}-w{i}")
             for i in range(workers)
         ]
         self._loops: list[asyncio.Task[None]] = []
         # the Batch API's feeder and OpenAI-shaped webhooks (one process at a time: a lease)
-        self.feeder = BatchFeeder(store, settings, self.webhooks, holder=f"{settings.node_id}-f")
+        self.feeder = BatchFeeder(store, settings, holder=f"{settings.node_id}-f")
         self._feeder_loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.engine.start()
         if self.batcher is not None:
             await self.batcher.start()
+        await self.webhooks.start()  # the outbox's delivery loop of this process
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
         self._feeder_loop = asyncio.create_task(self.feeder.run(), name="batch-feeder")
         log.info(
