@@ -115,12 +115,15 @@ R = TypeVar("R", bound=Row)
 class ContinuousEngine(BaseEngine, Generic[R]):
     """The loop of the module docstring; subclasses supply the model work.
 
-    Subclasses implement :meth:`_setup` (load, in the model thread), :meth:`_new_row`,
-    :meth:`_open` (prepare an admitted row; raise EngineError to fail it), :meth:`_prefill`
-    (make admitted rows ready to run), :meth:`_step` (one token for each ready running
-    row; set ``row.finish`` on rows that end), :meth:`_drop` (rows left the batch) and
-    :meth:`_output`.
+    Subclasses set :attr:`row_class` (their :class:`Row` subclass) and implement
+    :meth:`_setup` (load, in the model thread), :meth:`_open` (prepare an admitted row;
+    raise EngineError to fail it), :meth:`_prefill` (make admitted rows ready to run),
+    :meth:`_step` (one token for each ready running row; set ``row.finish`` on rows that
+    end), :meth:`_drop` (rows left the batch) and :meth:`_output`.
     """
+
+    #: the engine's row type (a :class:`Row` subclass with the engine's own state)
+    row_class: type[R]
 
     def __init__(
         self,
@@ -185,7 +188,13 @@ class ContinuousEngine(BaseEngine, Generic[R]):
             raise self._dead
         await self.start()
         loop = asyncio.get_running_loop()
-        row = self._new_row(request, loop.create_future(), loop, self._clock())
+        row = self.row_class(
+            request=request,
+            future=loop.create_future(),
+            loop=loop,
+            priority=request.priority,
+            arrival=self._clock(),
+        )
         self._queue.put(row)  # EngineBusy when full
         dead = self._dead
         if dead is not None and self._queue.discard(row):
@@ -378,23 +387,25 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         if not victims:
             return 0
         victim = max(victims, key=lambda r: (r.priority, r.started))
-        index = self._running.index(victim)
-        self._drop([i for i in range(len(self._running)) if i != index])
-        del self._running[index]
+        self._take_out([victim])
         self._suspend(victim)
         victim.preempted_at, victim.was_preempted = now, True
         self._queue.requeue(victim)
         self.stats.preempted += 1
         return 1
 
-    def _leave(self, rows: list[R]) -> None:
-        """Take ended rows out of the batch and resolve their futures."""
+    def _take_out(self, rows: Sequence[R]) -> None:
+        """Remove ``rows`` from the running batch (and the subclass's) and the prefills."""
         leaving = set(rows)
         keep = [i for i, row in enumerate(self._running) if row not in leaving]
         if len(keep) < len(self._running):
             self._drop(keep)
             self._running = [self._running[i] for i in keep]
         self._joining = [r for r in self._joining if r not in leaving]
+
+    def _leave(self, rows: list[R]) -> None:
+        """Take ended rows out of the batch and resolve their futures."""
+        self._take_out(rows)
         results: list[tuple[R, SampleOutput | BaseException]] = []
         for row in rows:
             try:
@@ -408,12 +419,7 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         """Fail ``rows`` (e.g. the rows of a failed forward pass) and take them out."""
         for row in rows:
             row.finish = "error"
-        failing = set(rows)
-        keep = [i for i, row in enumerate(self._running) if row not in failing]
-        if len(keep) < len(self._running):
-            self._drop(keep)
-            self._running = [self._running[i] for i in keep]
-        self._joining = [r for r in self._joining if r not in failing]
+        self._take_out(rows)
         self._deliver([(row, error) for row in rows])
 
     # --- delivery to the event loops --------------------------------------------------
@@ -464,16 +470,6 @@ class ContinuousEngine(BaseEngine, Generic[R]):
     def _suspend(self, row: R) -> None:
         """A running row was taken out of the batch and will resume later: the next
         :meth:`_prefill` of it must rebuild its state (prompt and tokens so far)."""
-
-    @abstractmethod
-    def _new_row(
-        self,
-        request: SampleRequest,
-        future: asyncio.Future[SampleOutput],
-        loop: asyncio.AbstractEventLoop,
-        arrival: float,
-    ) -> R:
-        """The engine's row object for a submitted request (on the event loop: cheap)."""
 
     @abstractmethod
     def _open(self, row: R) -> None:

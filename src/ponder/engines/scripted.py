@@ -22,7 +22,6 @@ ms (rows: the rows advanced by the step): a latency model of a batched accelerat
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import itertools
 import math
@@ -61,6 +60,7 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
 
     name = "scripted"
     model_name = "scripted"
+    row_class = _ScriptedRow
 
     def __init__(
         self,
@@ -92,17 +92,6 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
 
     def _setup(self) -> None:
         pass
-
-    def _new_row(
-        self,
-        request: SampleRequest,
-        future: asyncio.Future[SampleOutput],
-        loop: asyncio.AbstractEventLoop,
-        arrival: float,
-    ) -> _ScriptedRow:
-        return _ScriptedRow(
-            request=request, future=future, loop=loop, priority=request.priority, arrival=arrival
-        )
 
     def _open(self, row: _ScriptedRow) -> None:
         text = _prompt_text(row.request)

@@ -27,7 +27,6 @@ at once, and the event loop never blocks.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import copy
 import secrets
@@ -57,6 +56,33 @@ __all__ = ["TransformersEngine", "encode_prompt"]
 _MIN_CHUNK = 16
 
 
+@dataclass(eq=False)
+class _Row(Row):
+    """One request in the decode loop."""
+
+    prompt_ids: list[int] = field(default_factory=list)
+    #: what the next prefill computes: the prompt, or for a preempted row its prompt and
+    #: tokens so far
+    sequence: list[int] = field(default_factory=list)
+    #: rows with the same key share their prompt's prefill
+    key: tuple[int, ...] = ()
+    #: preempted, and waiting to be prefilled again
+    resuming: bool = False
+    max_new_tokens: int = 0
+    #: None for greedy rows; otherwise the row's own sampling stream
+    generator: torch.Generator | None = None
+    tokens: list[int] = field(default_factory=list)
+    logprobs: list[float] = field(default_factory=list)
+    #: the request's non-empty stop strings
+    stop: list[str] = field(default_factory=list)
+    #: the completion cut before a stop string, once one appeared
+    stopped_text: str | None = None
+    #: incremental text, when the row streams or has stop strings
+    detok: _Detokenizer | None = None
+    #: characters of ``detok.text`` already emitted
+    emitted: int = 0
+
+
 class TransformersEngine(ContinuousEngine["_Row"]):
     """A local causal LM (``settings.model``) with continuous batching in one thread.
 
@@ -67,6 +93,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
     """
 
     name = "transformers"
+    row_class = _Row
 
     def __init__(self, settings: Settings, *, share_prefix: bool = True) -> None:
         super().__init__(
@@ -119,16 +146,6 @@ class TransformersEngine(ContinuousEngine["_Row"]):
             return super().prompt_length(request)
 
     # --- rows -------------------------------------------------------------------------
-    def _new_row(
-        self,
-        request: SampleRequest,
-        future: asyncio.Future[SampleOutput],
-        loop: asyncio.AbstractEventLoop,
-        arrival: float,
-    ) -> _Row:
-        return _Row(request=request, future=future, loop=loop, priority=request.priority,
-                    arrival=arrival)  # fmt: skip
-
     def _open(self, row: _Row) -> None:
         assert self._runner is not None
         request, runner = row.request, self._runner
@@ -320,33 +337,6 @@ def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:
     # the template already holds the special tokens the model expects
     ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
     return ids
-
-
-@dataclass(eq=False)
-class _Row(Row):
-    """One request in the decode loop."""
-
-    prompt_ids: list[int] = field(default_factory=list)
-    #: what the next prefill computes: the prompt, or for a preempted row its prompt and
-    #: tokens so far
-    sequence: list[int] = field(default_factory=list)
-    #: rows with the same key share their prompt's prefill
-    key: tuple[int, ...] = ()
-    #: preempted, and waiting to be prefilled again
-    resuming: bool = False
-    max_new_tokens: int = 0
-    #: None for greedy rows; otherwise the row's own sampling stream
-    generator: torch.Generator | None = None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    #: the request's non-empty stop strings
-    stop: list[str] = field(default_factory=list)
-    #: the completion cut before a stop string, once one appeared
-    stopped_text: str | None = None
-    #: incremental text, when the row streams or has stop strings
-    detok: _Detokenizer | None = None
-    #: characters of ``detok.text`` already emitted
-    emitted: int = 0
 
 
 class _Detokenizer:
