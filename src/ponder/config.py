@@ -253,6 +253,12 @@ class Settings(BaseSettings):
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
+    model_runner: Literal["auto", "native", "hf"] = Field(
+        default="auto",
+        description="transformers engine's forward pass: native (ponder's own, int8 weights, "
+        "Llama and Qwen2 models), hf (transformers' modelling code, float32, any causal "
+        "LM); auto: native where it applies, else hf",
+    )
     torch_threads: int = Field(
         default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)),
         ge=0,

@@ -57,6 +57,7 @@ import torch.nn.functional as F
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from ponder.config import Settings
 from ponder.engines.models import Progress, _as_config_error, _to_stderr, checkpoint_dir
 from ponder.engines.runner import ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
@@ -68,7 +69,14 @@ except ImportError as e:  # pragma: no cover - depends on the installation
         "the native runner needs the model extra: pip install -e '.[model]' (or `make install`)"
     ) from e
 
-__all__ = ["ARCHITECTURES", "NativeRunner", "Weights", "prepared_weights", "supports"]
+__all__ = [
+    "ARCHITECTURES",
+    "NativeRunner",
+    "Weights",
+    "prepared_weights",
+    "select_runner",
+    "supports",
+]
 
 #: the architectures (``config.json``'s ``architectures[0]``) this runner computes
 ARCHITECTURES = frozenset({"LlamaForCausalLM", "Qwen2ForCausalLM"})
@@ -80,8 +88,30 @@ _FORMAT = "ponder-native-3"
 #: the KV cache grows by this many positions (and rows by _ROW_STEP) when it is full
 _KV_STEP = 256
 _ROW_STEP = 8
+#: decode attention widths are multiples of this (see NativeRunner._spans); divides _KV_STEP
+_WIDTH_STEP = 32
 #: tokens per chunk of one prefill pass (bounds the attention matrix of a long prompt)
 _PREFILL_CHUNK = 512
+
+
+def select_runner(settings: Settings, progress: Progress | None = None) -> NativeRunner | None:
+    """The native runner ``settings.model_runner`` asks for; None: use the generic one.
+
+    ``auto`` takes the native runner for the architectures it knows; ``native`` insists
+    (ConfigError naming the reason otherwise); ``hf`` never takes it.
+    """
+    if settings.model_runner == "hf":
+        return None
+    source = checkpoint_dir(settings.model, settings.model_cache_dir, progress)
+    why = supports(source)
+    if why is None:
+        return NativeRunner.load(settings.model, settings.model_cache_dir, progress=progress)
+    if settings.model_runner == "native":
+        raise ConfigError(
+            f"PONDER_MODEL_RUNNER=native cannot run {settings.model!r}: it has {why}; "
+            "set PONDER_MODEL_RUNNER=auto or hf"
+        )
+    return None
 
 
 def _config(path: Path) -> dict[str, Any]:
@@ -160,7 +190,7 @@ def _prepare(source: Path, shape: _Shape, tied: bool) -> dict[str, torch.Tensor]
     files = sorted(source.glob("*.safetensors"))
     if not files:
         raise ConfigError(f"no *.safetensors weights in {source}")
-    handles = [safe_open(str(f), framework="pt") for f in files]
+    handles: list[Any] = [safe_open(str(f), framework="pt") for f in files]
     where = {key: h for h in handles for key in h.keys()}  # noqa: SIM118 - not a dict
 
     def get(key: str) -> torch.Tensor:
@@ -363,13 +393,15 @@ class _Int8Linear(_Linear):
         self.packed = torch.ops.quantized.linear_prepack(qweight, None)
         self.bias = tensors[bias] if bias else None
         smooth = key + ".smooth"
-        self.norm_weight = tensors[smooth] if smooth in tensors else None
+        self.norm_weight = tensors.get(smooth)
         self.in_features = weight.shape[1]
 
     def _rows(self, n: int) -> torch.Tensor:
         buffer = self._buffers.get(self.in_features)
         if buffer is None or len(buffer) <= n:
-            buffer = torch.zeros(max(n + 1, 2 * len(buffer) if buffer is not None else 33), self.in_features)
+            buffer = torch.zeros(
+                max(n + 1, 2 * len(buffer) if buffer is not None else 33), self.in_features
+            )
             buffer[0, :2] = torch.tensor([1.0, -1.0])
             self._buffers[self.in_features] = buffer
         return buffer
@@ -574,8 +606,7 @@ class NativeRunner(ModelRunner):
             start = item.prefix.length if item.prefix else 0
             if start + len(item.tokens) > self.context_length:
                 raise ValueError(
-                    f"{start + len(item.tokens)} tokens exceed the context of "
-                    f"{self.context_length}"
+                    f"{start + len(item.tokens)} tokens exceed the context of {self.context_length}"
                 )
             if not item.tokens:
                 if item.prefix is None:
@@ -602,9 +633,9 @@ class NativeRunner(ModelRunner):
                 else:
                     results[index] = prefix
         out = []
-        for prefix in results:
-            assert prefix is not None
-            out.append(prefix)
+        for done in results:
+            assert done is not None
+            out.append(done)
         return out
 
     def _prefill_pass(self, items: list[Prefill]) -> list[Prefix]:
@@ -626,7 +657,10 @@ class NativeRunner(ModelRunner):
                 keys, values = k[rows].transpose(0, 1), v[rows].transpose(0, 1)
                 if item.prefix is not None:
                     old_keys, old_values = item.prefix.state[i]
-                    keys, values = torch.cat([old_keys, keys], 1), torch.cat([old_values, values], 1)
+                    keys, values = (
+                        torch.cat([old_keys, keys], 1),
+                        torch.cat([old_values, values], 1),
+                    )
                 else:
                     keys, values = keys.contiguous(), values.contiguous()
                 states[j].append((keys, values))
@@ -703,13 +737,31 @@ class NativeRunner(ModelRunner):
 
     # --- decode -----------------------------------------------------------------------
 
+    def _spans(self) -> list[tuple[int, int, int]]:
+        """Runs of slots ``(first, end, width)`` whose attention is one call over ``width``.
+
+        A row's attention width is a function of its own length (rounded up to
+        :data:`_WIDTH_STEP`), never of its batch mates': the sums over positions then
+        run in the same order alone and in any batch, so a row's float noise does not
+        depend on its neighbours (int8 activations would amplify that noise into
+        different tokens). Adjacent slots of the same width share a call.
+        """
+        spans: list[tuple[int, int, int]] = []
+        for slot, length in enumerate(self._lengths):
+            width = min(-(-(length + 1) // _WIDTH_STEP) * _WIDTH_STEP, self.context_length)
+            if spans and spans[-1][2] == width:
+                spans[-1] = (spans[-1][0], slot + 1, width)
+            else:
+                spans.append((slot, slot + 1, width))
+        return spans
+
     def decode(self, tokens: Sequence[int]) -> torch.Tensor:
         n = len(self._slots)
         if len(tokens) != n:
             raise ValueError(f"decode got {len(tokens)} tokens for {n} rows")
         if max(self._lengths) >= self.context_length:
             raise ValueError(f"a row reached the context of {self.context_length} tokens")
-        self._reserve(n, max(self._lengths) + 1)
+        self._reserve(n, max(self._lengths) + _WIDTH_STEP)
         assert self._cache is not None
         m = self.model
         # work in slot order; row i's inputs go to slot _slots[i]
@@ -717,25 +769,30 @@ class NativeRunner(ModelRunner):
         for row, slot in enumerate(self._slots):
             by_slot[slot] = tokens[row]
         positions = torch.tensor(self._lengths)
-        width = max(self._lengths) + 1
-        # each slot sees its own positions 0..length (its new token included)
-        mask = (torch.arange(width)[None, :] <= positions[:, None])[:, None, None, :]
+        spans = self._spans()
+        masks = [
+            (torch.arange(width)[None, :] <= positions[a:b, None])[:, None, None, :]
+            for a, b, width in spans
+        ]
         slots = torch.arange(n)
         x = m.embed_tokens(torch.tensor(by_slot))
         s = m.shape
         group = s.heads // s.kv_heads
         rotation = m.rotation[positions][:, None]
-        for layer, cache_k, cache_v in zip(m.layers, self._cache.keys, self._cache.values, strict=True):
+        for layer, cache_k, cache_v in zip(
+            m.layers, self._cache.keys, self._cache.values, strict=True
+        ):
             q, k, v = m.qkv(layer, x, rotation)
             cache_k[slots, :, positions] = k
             cache_v[slots, :, positions] = v
-            attended = F.scaled_dot_product_attention(
-                q.view(n, s.kv_heads, group, s.head_dim),
-                cache_k[:n, :, :width],
-                cache_v[:n, :, :width],
-                attn_mask=mask,
-            )
-            m.finish_layer(layer, x, attended)
+            q = q.view(n, s.kv_heads, group, s.head_dim)
+            parts = [
+                F.scaled_dot_product_attention(
+                    q[a:b], cache_k[a:b, :, :width], cache_v[a:b, :, :width], attn_mask=mask
+                )
+                for (a, b, width), mask in zip(spans, masks, strict=True)
+            ]
+            m.finish_layer(layer, x, parts[0] if len(parts) == 1 else torch.cat(parts))
         self._lengths = [length + 1 for length in self._lengths]
         logits = m.logits(x)
         if self._slots != list(range(n)):
