@@ -44,7 +44,9 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import mmap
 import shutil
+import struct
 import tempfile
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -86,7 +88,7 @@ _Tensors = Mapping[str, torch.Tensor]
 #: bump when the prepared file's layout changes: older files are then prepared again
 _FORMAT = "ponder-native-3"
 #: the KV cache grows by this many positions (and rows by _ROW_STEP) when it is full
-_KV_STEP = 256
+_KV_STEP = 64
 _ROW_STEP = 8
 #: decode attention widths are multiples of this (see NativeRunner._spans); divides _KV_STEP
 _WIDTH_STEP = 32
@@ -420,14 +422,33 @@ def attend_causal(
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[n, heads, d]`` at positions ``start..start+n-1``.
 
-    ``keys`` and ``values`` are ``[kv_heads, start + n, d]``.
+    ``keys`` and ``values`` are ``[kv_heads, start + n, d]``. Queries go in blocks of
+    aligned positions, the query at position ``p`` over ``width(p)`` keys (the decode
+    step's width, see :meth:`NativeRunner._spans`; zero keys past the end are masked):
+    its sums then run in the same order however the prompt is cut into chunks.
     """
-    n = len(q)
-    mask = torch.ones(n, start + n, dtype=torch.bool).tril_(start)
-    out = F.scaled_dot_product_attention(
-        q.transpose(0, 1), keys, values, attn_mask=mask, enable_gqa=True
-    )
+    end = start + len(q)
+    padded = _width(end - 1)
+    keys = F.pad(keys, (0, 0, 0, padded - end))
+    values = F.pad(values, (0, 0, 0, padded - end))
+    q = q.transpose(0, 1)
+    out = torch.empty_like(q)
+    rows = torch.zeros(q.shape[0], _WIDTH_STEP, q.shape[2])
+    for block in range(start - start % _WIDTH_STEP, end, _WIDTH_STEP):
+        a, b, width = max(block, start), min(block + _WIDTH_STEP, end), block + _WIDTH_STEP
+        # a whole block of query rows in every call: SDPA's sums depend on the row count
+        rows[:, a - block : b - block] = q[:, a - start : b - start]
+        mask = torch.arange(width)[None, :] <= torch.arange(block, width)[:, None]
+        attended = F.scaled_dot_product_attention(
+            rows, keys[:, :width], values[:, :width], attn_mask=mask, enable_gqa=True
+        )
+        out[:, a - start : b - start] = attended[:, a - block : b - block]
     return out.transpose(0, 1)
+
+
+def _width(position: int) -> int:
+    """The attention width of the query at ``position``: a multiple of _WIDTH_STEP."""
+    return (position // _WIDTH_STEP + 1) * _WIDTH_STEP
 
 
 @dataclass
@@ -515,32 +536,65 @@ class _Model:
 
 
 def _open_model(entry: Path, weights: Weights) -> _Model:
-    # tensors are read one at a time: an int8 matrix is packed and dropped before the
-    # next is read, so loading never holds two copies of the weights
-    with safe_open(str(entry / "weights.safetensors"), framework="pt") as f:
-        tensors = _Lazy(f)
+    with _File(entry / "weights.safetensors") as tensors:
         kind = _Int8Linear if weights == "int8" else _Linear
-        return _Model(_config(entry), tensors.__getitem__, lambda k, b: kind(k, tensors, b))
+        return _Model(_config(entry), tensors.embedding, lambda k, b: kind(k, tensors, b))
 
 
-class _Lazy(Mapping[str, torch.Tensor]):
-    """The tensors of an open safetensors file, read when asked for."""
+_DTYPES = {"I8": torch.int8, "F32": torch.float32}
 
-    def __init__(self, handle: Any) -> None:
-        self._handle = handle
-        self._keys = set(handle.keys())
+
+class _File(Mapping[str, torch.Tensor]):
+    """The tensors of a safetensors file, each read when asked for, without a memory map.
+
+    A matrix is read into its own memory, packed by fbgemm and dropped, so loading holds
+    one copy of the weights (a memory map would keep the pages of the whole file resident
+    as well). :meth:`embedding` maps the embedding table instead: only the rows of tokens
+    that occur are ever read into memory.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self._path = path
+        self._file = path.open("rb")
+        (size,) = struct.unpack("<Q", self._file.read(8))
+        header = json.loads(self._file.read(size))
+        header.pop("__metadata__", None)
+        self._start = 8 + size
+        self._header: dict[str, Any] = header
+
+    def __enter__(self) -> _File:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._file.close()
 
     def __getitem__(self, key: str) -> torch.Tensor:
-        if key not in self._keys:
-            raise KeyError(key)
-        tensor: torch.Tensor = self._handle.get_tensor(key)
+        info = self._header[key]
+        begin = info["data_offsets"][0]
+        tensor = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
+        self._file.seek(self._start + begin)
+        self._file.readinto(tensor.numpy().data.cast("B"))  # type: ignore[attr-defined]
         return tensor
 
+    def embedding(self, key: str) -> torch.Tensor:
+        """``self[key]`` for the embedding table (memory-mapped, read-only); else a copy."""
+        info = self._header[key]
+        if key != "embed" or info["dtype"] != "I8":
+            return self[key]
+        begin, end = info["data_offsets"]
+        mapped = mmap.mmap(self._file.fileno(), 0, access=mmap.ACCESS_READ)
+        with warnings.catch_warnings():
+            # the table is only read from: torch warns that the buffer is not writable
+            warnings.simplefilter("ignore", UserWarning)
+            flat = torch.frombuffer(mapped, dtype=torch.int8, count=end - begin,
+                                    offset=self._start + begin)  # fmt: skip
+        return flat.view(info["shape"])
+
     def __iter__(self) -> Iterator[str]:
-        return iter(self._keys)
+        return iter(self._header)
 
     def __len__(self) -> int:
-        return len(self._keys)
+        return len(self._header)
 
 
 @dataclass
@@ -719,9 +773,7 @@ class NativeRunner(ModelRunner):
         if rows <= have_rows and positions <= have_positions:
             return
         new_rows = max(have_rows, -(-rows // _ROW_STEP) * _ROW_STEP)
-        new_positions = min(
-            max(have_positions, -(-positions // _KV_STEP) * _KV_STEP), self.context_length
-        )
+        new_positions = max(have_positions, -(-positions // _KV_STEP) * _KV_STEP)
         shape = (new_rows, s.kv_heads, new_positions, s.head_dim)
         cache = _Cache(
             [torch.zeros(shape) for _ in range(s.layers)],
@@ -748,7 +800,7 @@ class NativeRunner(ModelRunner):
         """
         spans: list[tuple[int, int, int]] = []
         for slot, length in enumerate(self._lengths):
-            width = min(-(-(length + 1) // _WIDTH_STEP) * _WIDTH_STEP, self.context_length)
+            width = _width(length)
             if spans and spans[-1][2] == width:
                 spans[-1] = (spans[-1][0], slot + 1, width)
             else:
