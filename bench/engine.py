@@ -86,7 +86,8 @@ SUBJECTS = [
 ]  # fmt: skip
 PROMPTS = [
     f"Write a long, detailed story about {s}. Describe the place, the weather, the sounds "
-    "and the people around, and end with a surprise." for s in SUBJECTS
+    "and the people around, and end with a surprise."
+    for s in SUBJECTS
 ]
 
 FEW_SHOT = """Solve each problem step by step, then give the answer on its own line.
@@ -275,7 +276,9 @@ def llama_worker(job: dict[str, Any]) -> dict[str, Any]:
 
     def prefill_entries(rows: list[list[int]]) -> list[tuple[int, int, int, bool]]:
         return [
-            (t, p, seq, p == len(ids) - 1) for seq, ids in enumerate(rows) for p, t in enumerate(ids)
+            (t, p, seq, p == len(ids) - 1)
+            for seq, ids in enumerate(rows)
+            for p, t in enumerate(ids)
         ]
 
     def generate(ctx: Any, rows: list[list[int]]) -> int:
@@ -608,8 +611,8 @@ def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list
         ratio = shared["5"]["seconds"] / shared["1"]["seconds"]
         lines.append(f"| 5 shared-prefix samples <= 2 x one | {ratio:.2f} x "
                      f"| {verdict(ratio, 2.0, above=False)} |")  # fmt: skip
-        lines += ["", "Shared prefix (ponder): wall s for N samples of the long prompt: "
-                  + ", ".join(f"N={n}: {shared[str(n)]['seconds']:.2f}" for n in SAMPLES)]  # fmt: skip
+        times = ", ".join(f"N={n}: {shared[str(n)]['seconds']:.2f}" for n in SAMPLES)
+        lines += ["", f"Shared prefix (ponder): wall s for N samples of the long prompt: {times}"]
     lines.append(
         f"\nponder's process: {ponder['import_rss_gb']:.2f} GB RSS at start, "
         f"{ponder['torch_rss_gb']:.2f} GB after `import torch`, {ponder['loaded_rss_gb']:.2f} "
@@ -645,6 +648,87 @@ def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     return "plot: bench/results/engine.png"
 
 
+def run_agreement(args: argparse.Namespace) -> None:
+    """Greedy answers of the native int8 runner against the float32 transformers model.
+
+    ``--problems`` problems (half ``basic_arithmetic``, half ``gsm_symbolic`` from
+    reasoning-gym, seed 11), each model's greedy output through the engine (``hf``:
+    float32, the reference; ``auto``: native int8), answers extracted with
+    ``ponder.enhance.extract_answer(text, "math")``: the rate at which the two agree,
+    and each one's accuracy under the dataset's own scorer.
+    """
+    import reasoning_gym
+
+    from ponder.config import load_settings
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.transformers import TransformersEngine
+    from ponder.enhance import extract_answer, same_answer
+
+    half = args.problems // 2
+    entries = [
+        (name, entry)
+        for name, size in (("basic_arithmetic", half), ("gsm_symbolic", args.problems - half))
+        for entry in reasoning_gym.create_dataset(name, size=size, seed=11)
+    ]
+    datasets = {name: reasoning_gym.create_dataset(name, size=1, seed=11) for name, _ in entries}
+    prompts = [
+        f"{entry['question']}\nSolve it step by step, then give the final answer on its own "
+        "line as 'Answer: <number>'."
+        for _, entry in entries
+    ]
+    lines = ["# int8 weights against float32: greedy answers", "",
+             f"Command: `.venv/bin/python bench/engine.py --agreement --models "
+             f"{' '.join(args.models)} --problems {args.problems} --new-tokens "
+             f"{args.new_tokens}` ({dt.date.today().isoformat()}).", "",
+             f"{len(entries)} problems: {half} reasoning-gym basic_arithmetic and "
+             f"{len(entries) - half} gsm_symbolic (seed 11); greedy, at most "
+             f"{args.new_tokens} new tokens; answers extracted by ponder (math).", "",
+             "| model | answers agreeing | float32 accuracy | int8 accuracy |",
+             "|---|---:|---:|---:|"]  # fmt: skip
+    for model in args.models:
+        answers: dict[str, list[str | None]] = {}
+        for runner in ("hf", "auto"):
+            settings = load_settings(engine="transformers", model=model, model_runner=runner,
+                                     torch_threads=args.threads, engine_max_rows=16,
+                                     engine_prefix_cache_mb=0)  # fmt: skip
+            engine = TransformersEngine(settings)
+            loop = asyncio.new_event_loop()
+            requests = [SampleRequest(prompt=p, max_new_tokens=args.new_tokens) for p in prompts]
+
+            async def answer_all(
+                e: TransformersEngine = engine, rs: list[SampleRequest] = requests
+            ) -> list[Any]:
+                return await asyncio.gather(*(e.submit(r) for r in rs))
+
+            outputs = loop.run_until_complete(answer_all())
+            loop.run_until_complete(engine.close())
+            loop.close()
+            answers[runner] = [extract_answer(o.text, "math") for o in outputs]
+            log(f"{model} {runner}: done")
+        agree = sum(
+            (a is None and b is None)
+            or (a is not None and b is not None and same_answer(a, b, "math"))
+            for a, b in zip(answers["hf"], answers["auto"], strict=True)
+        )
+
+        def accuracy(found: list[str | None]) -> int:
+            return sum(
+                a is not None and datasets[name].score_answer(a, entry) == 1.0
+                for a, (name, entry) in zip(found, entries, strict=True)
+            )
+
+        lines.append(
+            f"| {MODELS[model]} | {agree}/{len(entries)} = {agree / len(entries):.0%} "
+            f"| {accuracy(answers['hf'])}/{len(entries)} "
+            f"| {accuracy(answers['auto'])}/{len(entries)} |"
+        )
+        log(lines[-1])
+    lines.append("")
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "engine-agreement.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
@@ -659,7 +743,7 @@ def main() -> None:
     parser.add_argument(
         "--agreement",
         action="store_true",
-        help="check int8 against float32 answers instead (see agreement.py's docstring)",
+        help="check int8 against float32 answers instead (see run_agreement)",
     )
     parser.add_argument("--problems", type=int, default=50, help="--agreement: problems")
     args = parser.parse_args()
@@ -667,8 +751,6 @@ def main() -> None:
         job = json.loads(sys.stdin.read())
         print(json.dumps(WORKERS[args.worker](job)))
     elif args.agreement:
-        from agreement import run_agreement  # bench/agreement.py, beside this file
-
         run_agreement(args)
     else:
         main_run(args)

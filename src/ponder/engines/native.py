@@ -12,27 +12,39 @@ on a CPU at one thread, each measured against the generic runner (bench/engine.p
   are 10-40 x slower here.
 - **Per-row activation quantization.** fbgemm quantizes its whole input with one scale,
   which would make a row's result depend on its batch mates. Each row is divided by its
-  own max-abs before the call and one constant sentinel row ``[1, -1, 0, ...]`` is
-  appended, so the input range is always exactly [-1, 1]: every row is quantized on the
+  own max-abs before the call and one constant sentinel row ``[1, -1, 0, ...]`` is put
+  first, so the input range is always exactly [-1, 1]: every row is quantized on the
   same grid, relative to its own magnitude, whatever else is in the batch; the output is
   multiplied back by the row's max-abs. (``reduce_range`` keeps AVX2's 16-bit pair sums
   from saturating.)
+- **SmoothQuant**: a few input channels carry most of the range; a calibration pass over
+  built-in prompts at preparation time moves part of it into the weights
+  (:func:`_smooth`), which brings int8 close to weight-only quantization's error.
 - **Folded normalization**: RMSNorm's gain is folded into the next linear's weights
-  before quantization, and its per-row factor becomes a scale of the output.
+  before quantization (the smoothing factors become the RMSNorm's weight).
 - **Fused projections** (q|k|v and gate|up are one matrix each) and **RoPE as one
   complex multiplication**: q and k output channels are permuted at load time so that
   rotated pairs are adjacent (attention scores do not change under a permutation applied
   to both q and k).
 - **A preallocated KV cache** (one tensor per layer for all rows, grown in steps, never
-  per decode step) with one SDPA call per layer for all rows; rows that leave free their
-  slot by moving the last row into it, not by copying the whole cache.
+  per decode step); rows that leave free their slot by moving the last rows into it, not
+  by copying the whole cache.
 - **Packed prefill**: the tokens of several prompts go through the linears as one matrix
   (no padding); only attention runs per prompt.
 
+**Bit-identical rows.** int8 activations amplify float noise (one rounding flip) into
+different tokens, so no sum may depend on what else is computed: besides the per-row
+quantization grid, the attention of the query at position ``p`` always runs over
+``_width(p)`` keys (``p`` rounded up to a multiple of 32) in calls of a fixed shape, in
+decode (:meth:`NativeRunner._spans`) as in prefill (:func:`attend_causal`). A row's
+logits are then bit-identical alone and in any batch, and a prompt's KV cache is
+bit-identical however it is cut into chunks.
+
 The weights are prepared once from the float32 safetensors checkpoint that
 :mod:`ponder.engines.models` writes, and saved as int8 safetensors beside it
-(:func:`prepared_weights`); later starts read that file (memory-mapped), so the float32
-weights are never loaded at start and the process holds about one byte per parameter.
+(:func:`prepared_weights`); later starts read that file tensor by tensor (the embedding
+table memory-mapped), so float32 weights are never loaded and the process holds about
+one byte per parameter.
 
 ``weights="fp32"`` runs the same forward pass with float32 weights: its greedy tokens
 equal those of the transformers model (the tests check it), which is how the int8 forward
@@ -142,11 +154,9 @@ class _Shape:
     """The model's dimensions, from its ``config.json``."""
 
     layers: int
-    hidden: int
     heads: int
     kv_heads: int
     head_dim: int
-    vocab: int
     eps: float
     rope_theta: float
     context: int
@@ -159,11 +169,9 @@ class _Shape:
         arch = config["architectures"][0]
         return cls(
             layers=config["num_hidden_layers"],
-            hidden=config["hidden_size"],
             heads=heads,
             kv_heads=config.get("num_key_value_heads") or heads,
             head_dim=config.get("head_dim") or config["hidden_size"] // heads,
-            vocab=config["vocab_size"],
             eps=config["rms_norm_eps"],
             rope_theta=rope.get("rope_theta", config.get("rope_theta", 10000.0)),
             context=config.get("max_position_embeddings") or 2048,
@@ -775,17 +783,20 @@ class NativeRunner(ModelRunner):
         new_rows = max(have_rows, -(-rows // _ROW_STEP) * _ROW_STEP)
         new_positions = max(have_positions, -(-positions // _KV_STEP) * _KV_STEP)
         shape = (new_rows, s.kv_heads, new_positions, s.head_dim)
-        cache = _Cache(
-            [torch.zeros(shape) for _ in range(s.layers)],
-            [torch.zeros(shape) for _ in range(s.layers)],
-        )
-        if self._cache is not None:
-            used = len(self._slots)
-            for old, new in zip(
-                (*self._cache.keys, *self._cache.values), (*cache.keys, *cache.values), strict=True
-            ):
-                new[:used, :, :have_positions] = old[:used]
-        self._cache = cache
+        if self._cache is None:
+            self._cache = _Cache(
+                [torch.zeros(shape) for _ in range(s.layers)],
+                [torch.zeros(shape) for _ in range(s.layers)],
+            )
+            return
+        # one tensor at a time, each old one dropped once copied: growing holds one
+        # layer's worth of memory more, not a second cache
+        used = len(self._slots)
+        for tensors in (self._cache.keys, self._cache.values):
+            for i, old in enumerate(tensors):
+                tensors[i] = torch.zeros(shape)
+                tensors[i][:used, :, :have_positions] = old[:used]
+                del old
 
     # --- decode -----------------------------------------------------------------------
 
