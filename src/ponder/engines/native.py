@@ -64,7 +64,7 @@ import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
 import torch
 import torch.nn.functional as F
@@ -387,10 +387,12 @@ class _Linear:
 class _Int8Linear(_Linear):
     """fbgemm int8 with per-row activation scales (see the module docstring)."""
 
-    #: per input width, a buffer whose row 0 is the sentinel row and rows 1.. the input
-    _buffers: ClassVar[dict[int, torch.Tensor]] = {}
-
-    def __init__(self, key: str, tensors: _Tensors, bias: str | None) -> None:
+    def __init__(
+        self, key: str, tensors: _Tensors, bias: str | None, buffers: dict[int, torch.Tensor]
+    ) -> None:
+        """``buffers``: per input width, the input buffer shared by one model's linears;
+        its row 0 is the sentinel row, rows 1.. the input."""
+        self._buffers = buffers
         weight = tensors[key]
         n = weight.shape[0]
         with warnings.catch_warnings():
@@ -544,9 +546,15 @@ class _Model:
 
 
 def _open_model(entry: Path, weights: Weights) -> _Model:
+    buffers: dict[int, torch.Tensor] = {}
+
+    def linear(key: str, bias: str | None) -> _Linear:
+        if weights == "int8":
+            return _Int8Linear(key, tensors, bias, buffers)
+        return _Linear(key, tensors, bias)
+
     with _File(entry / "weights.safetensors") as tensors:
-        kind = _Int8Linear if weights == "int8" else _Linear
-        return _Model(_config(entry), tensors.embedding, lambda k, b: kind(k, tensors, b))
+        return _Model(_config(entry), tensors.embedding, linear)
 
 
 _DTYPES = {"I8": torch.int8, "F32": torch.float32}
@@ -581,7 +589,7 @@ class _File(Mapping[str, torch.Tensor]):
         begin = info["data_offsets"][0]
         tensor = torch.empty(info["shape"], dtype=_DTYPES[info["dtype"]])
         self._file.seek(self._start + begin)
-        self._file.readinto(tensor.numpy().data.cast("B"))  # type: ignore[attr-defined]
+        self._file.readinto(tensor.numpy().data.cast("B"))
         return tensor
 
     def embedding(self, key: str) -> torch.Tensor:
