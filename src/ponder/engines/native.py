@@ -53,6 +53,7 @@ is checked too.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -567,10 +568,8 @@ def _trim_heap() -> None:
     keeps the freed pages of allocations under its adaptive mmap threshold, about 0.1 GB
     of resident memory for Qwen2.5-0.5B.
     """
-    try:
+    with contextlib.suppress(OSError, AttributeError):
         ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):
-        pass
 
 
 _DTYPES = {"I8": torch.int8, "F32": torch.float32}
