@@ -437,7 +437,8 @@ def main_run(args: argparse.Namespace) -> None:
     previous = json.loads(previous_path.read_text()) if previous_path.is_file() else ISSUE_FIGURES
     figures: dict[str, Any] = {
         "source": f"bench/engine.py run of {dt.date.today().isoformat()}",
-        "command": " ".join(["make bench-engine", *sys.argv[1:]]),
+        "command": " ".join([".venv/bin/python bench/engine.py", *sys.argv[1:]])
+        + ("" if sys.argv[1:] else " (= make bench-engine)"),
     }
     with tempfile.TemporaryDirectory(prefix="ponder-bench-engine-") as tmp:
         workdir = Path(args.workdir or tmp)
