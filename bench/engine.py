@@ -3,7 +3,7 @@
 Run with ``make bench-engine`` (``.venv/bin/python bench/engine.py``) after ``make peers``.
 Writes ``bench/results/engine.md``, ``engine.png`` and ``engine.json`` (this run's figures;
 the next run prints them beside its own). ``--agreement`` instead checks what int8
-weights change in the answers and writes ``bench/results/engine-agreement.md``.
+weights change in the answers and writes ``bench/results/engine-agreement-<style>.md``.
 
 For each model (SmolLM2-135M, Qwen2.5-Coder-0.5B), each engine runs in a process of its
 own (its peak RSS is that process's), at ``--threads`` threads (1: on a small shared
@@ -11,7 +11,9 @@ machine two threads slow down many-fold whenever another process takes a core):
 
 - ``ponder``: the embedded default engine as ``make serve`` runs it
   (``TransformersEngine``, continuous batching, the runner ``PONDER_MODEL_RUNNER=auto``
-  picks: the native int8 one for these models); every row ``submit``-ted at once;
+  picks: the native one for these models, float32 weights); every row ``submit``-ted at
+  once;
+- ``ponder int8``: the same with ``PONDER_MODEL_WEIGHTS=int8`` (see ``--agreement``);
 - ``ponder-hf``: the same engine over the generic transformers runner (float32), i.e.
   what the engine was before the native runner;
 - ``llama.cpp``: llama-cpp-python's low-level batched API (``llama_batch`` +
@@ -161,6 +163,7 @@ def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
         engine="transformers",
         model=job["model"],
         model_runner=job["runner"],
+        model_weights=job["weights"],
         torch_threads=job["threads"],
         engine_max_rows=max(job["rows"] + [max(SAMPLES)]),
         engine_prefix_cache_mb=0,
@@ -422,8 +425,9 @@ def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, worker, extra job fields) of every engine measured on ``model``."""
     packaged_quant = Path(gguf).stem.split(".")[-1] if "." in Path(gguf).stem else "Q4_K_M"
     return [
-        ("ponder", "ponder", {"runner": "auto", "shared": True}),
-        ("ponder-hf", "ponder", {"runner": "hf", "shared": False}),
+        ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
+        ("ponder int8", "ponder", {"runner": "auto", "weights": "int8", "shared": True}),
+        ("ponder-hf", "ponder", {"runner": "hf", "weights": "float32", "shared": False}),
         (f"llama.cpp {packaged_quant}", "llama", {}),
         ("llama.cpp Q4_0", "llama", {"requantize": "Q4_0"}),
         ("ct2 int8", "ct2", {}),
@@ -576,11 +580,17 @@ def _old_rate(old: dict[str, Any], index: int, rows: int) -> float | None:
 def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list[str]:
     """The issue's goals as ratios, where both sides of a ratio were measured."""
     ok = {k: v for k, v in engines.items() if "error" not in v}
-    ponder = ok.get("ponder")
-    if ponder is None:
-        return []
+    lines = []
+    for name in ("ponder", "ponder int8"):
+        if name in ok:
+            lines += _goals_of(name, ok[name], ok)
+    return lines
+
+
+def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str]:
     llamas = {k: v for k, v in ok.items() if k.startswith("llama.cpp")}
-    lines = ["", "### Goals (ratios in this run)", "", "| goal | measured | |", "|---|---|---|"]
+    lines = ["", f"### Goals of {name} (ratios in this run)", "",
+             "| goal | measured | |", "|---|---|---|"]  # fmt: skip
 
     def verdict(value: float, limit: float, above: bool = True) -> str:
         met = value >= limit if above else value <= limit
@@ -615,7 +625,7 @@ def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list
         times = ", ".join(f"N={n}: {shared[str(n)]['seconds']:.2f}" for n in SAMPLES)
         lines += ["", f"Shared prefix (ponder): wall s for N samples of the long prompt: {times}"]
     lines.append(
-        f"\nponder's process: {ponder['import_rss_gb']:.2f} GB RSS at start, "
+        f"\n{name}'s process: {ponder['import_rss_gb']:.2f} GB RSS at start, "
         f"{ponder['torch_rss_gb']:.2f} GB after `import torch`, {ponder['loaded_rss_gb']:.2f} "
         f"GB with the model loaded ({ponder['load_s']:.1f} s), peak {ponder['peak_rss_gb']:.2f}."
     )
@@ -650,13 +660,15 @@ def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
 
 
 def run_agreement(args: argparse.Namespace) -> None:
-    """Greedy answers of the native int8 runner against the float32 transformers model.
+    """Greedy answers of the native runner (float32, int8) against the transformers model.
 
-    ``--problems`` problems (half ``basic_arithmetic``, half ``gsm_symbolic`` from
-    reasoning-gym, seed 11), each model's greedy output through the engine (``hf``:
-    float32, the reference; ``auto``: native int8), answers extracted with
-    ``ponder.enhance.extract_answer(text, "math")``: the rate at which the two agree,
-    and each one's accuracy under the dataset's own scorer.
+    ``--problems`` problems from reasoning-gym (seed 11), each model's greedy output
+    through the engine (``hf``: float32, the reference; the native runner in float32 and
+    in int8), answers extracted with ``ponder.enhance.extract_answer(text, "math")``: the
+    rate at which each agrees with the reference, and each one's accuracy under the
+    dataset's own scorer. ``--style short``:
+    half ``basic_arithmetic``, half ``chain_sum``, the number alone asked for;
+    ``--style reasoning``: half ``basic_arithmetic``, half ``gsm_symbolic``, step by step.
     """
     import reasoning_gym
 
@@ -666,32 +678,38 @@ def run_agreement(args: argparse.Namespace) -> None:
     from ponder.enhance import extract_answer, same_answer
 
     half = args.problems // 2
+    second, ask = {
+        "short": ("chain_sum", "Reply with the number only."),
+        "reasoning": (
+            "gsm_symbolic",
+            "Solve it step by step, then give the final answer on its own line as "
+            "'Answer: <number>'.",
+        ),
+    }[args.style]
     entries = [
         (name, entry)
-        for name, size in (("basic_arithmetic", half), ("gsm_symbolic", args.problems - half))
+        for name, size in (("basic_arithmetic", half), (second, args.problems - half))
         for entry in reasoning_gym.create_dataset(name, size=size, seed=11)
     ]
     datasets = {name: reasoning_gym.create_dataset(name, size=1, seed=11) for name, _ in entries}
-    prompts = [
-        f"{entry['question']}\nSolve it step by step, then give the final answer on its own "
-        "line as 'Answer: <number>'."
-        for _, entry in entries
-    ]
-    lines = ["# int8 weights against float32: greedy answers", "",
-             f"Command: `.venv/bin/python bench/engine.py --agreement --models "
-             f"{' '.join(args.models)} --problems {args.problems} --new-tokens "
+    prompts = [f"{entry['question']}\n{ask}" for _, entry in entries]
+    lines = [f"## {args.style} answers", "",
+             f"Command: `.venv/bin/python bench/engine.py --agreement --style {args.style} "
+             f"--models {' '.join(args.models)} --problems {args.problems} --new-tokens "
              f"{args.new_tokens}` ({dt.date.today().isoformat()}).", "",
              f"{len(entries)} problems: {half} reasoning-gym basic_arithmetic and "
-             f"{len(entries) - half} gsm_symbolic (seed 11); greedy, at most "
-             f"{args.new_tokens} new tokens; answers extracted by ponder (math).", "",
-             "| model | answers agreeing | float32 accuracy | int8 accuracy |",
-             "|---|---:|---:|---:|"]  # fmt: skip
+             f"{len(entries) - half} {second} (seed 11), each followed by \"{ask}\"; greedy, "
+             f"at most {args.new_tokens} new tokens; answers extracted by ponder (math).", "",
+             "| model | native float32 agreeing | native int8 agreeing "
+             "| accuracy: hf float32 | native float32 | native int8 |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    legs = (("hf", "float32"), ("native", "float32"), ("native", "int8"))
     for model in args.models:
-        answers: dict[str, list[str | None]] = {}
-        for runner in ("hf", "auto"):
+        answers: dict[tuple[str, str], list[str | None]] = {}
+        for runner, weights in legs:
             settings = load_settings(engine="transformers", model=model, model_runner=runner,
-                                     torch_threads=args.threads, engine_max_rows=16,
-                                     engine_prefix_cache_mb=0)  # fmt: skip
+                                     model_weights=weights, torch_threads=args.threads,
+                                     engine_max_rows=16, engine_prefix_cache_mb=0)  # fmt: skip
             engine = TransformersEngine(settings)
             loop = asyncio.new_event_loop()
             requests = [SampleRequest(prompt=p, max_new_tokens=args.new_tokens) for p in prompts]
@@ -704,29 +722,34 @@ def run_agreement(args: argparse.Namespace) -> None:
             outputs = loop.run_until_complete(answer_all())
             loop.run_until_complete(engine.close())
             loop.close()
-            answers[runner] = [extract_answer(o.text, "math") for o in outputs]
-            log(f"{model} {runner}: done")
-        agree = sum(
-            (a is None and b is None)
-            or (a is not None and b is not None and same_answer(a, b, "math"))
-            for a, b in zip(answers["hf"], answers["auto"], strict=True)
-        )
+            answers[runner, weights] = [extract_answer(o.text, "math") for o in outputs]
+            log(f"{model} {runner} {weights}: done")
 
-        def accuracy(found: list[str | None]) -> int:
-            return sum(
+        def agreeing(found: list[str | None], reference: list[str | None]) -> str:
+            n = sum(
+                a == b or (a is not None and b is not None and same_answer(a, b, "math"))
+                for a, b in zip(found, reference, strict=True)
+            )
+            return f"{n}/{len(entries)} = {n / len(entries):.0%}"
+
+        def accuracy(found: list[str | None]) -> str:
+            n = sum(
                 a is not None and datasets[name].score_answer(a, entry) == 1.0
                 for a, (name, entry) in zip(found, entries, strict=True)
             )
+            return f"{n}/{len(entries)}"
 
+        reference = answers[legs[0]]
         lines.append(
-            f"| {MODELS[model]} | {agree}/{len(entries)} = {agree / len(entries):.0%} "
-            f"| {accuracy(answers['hf'])}/{len(entries)} "
-            f"| {accuracy(answers['auto'])}/{len(entries)} |"
+            f"| {MODELS[model]} | {agreeing(answers[legs[1]], reference)} "
+            f"| {agreeing(answers[legs[2]], reference)} | "
+            + " | ".join(accuracy(answers[leg]) for leg in legs)
+            + " |"
         )
         log(lines[-1])
     lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "engine-agreement.md").write_text("\n".join(lines))
+    (RESULTS / f"engine-agreement-{args.style}.md").write_text("\n".join(lines))
     print("\n".join(lines))
 
 
@@ -747,6 +770,8 @@ def main() -> None:
         help="check int8 against float32 answers instead (see run_agreement)",
     )
     parser.add_argument("--problems", type=int, default=50, help="--agreement: problems")
+    parser.add_argument("--style", choices=("short", "reasoning"), default="short",
+                        help="--agreement: the kind of problems (see run_agreement)")  # fmt: skip
     args = parser.parse_args()
     if args.worker:
         job = json.loads(sys.stdin.read())

@@ -176,3 +176,15 @@ def test_an_unknown_architecture_falls_back_or_is_refused(tmp_path: Path) -> Non
         select_runner(native)
     assert "\n" not in str(info.value)
     assert select_runner(load_settings(model=str(tmp_path), model_runner="hf")) is None
+    for runner in ("auto", "hf"):  # int8 weights exist in the native runner only
+        settings = load_settings(model=str(tmp_path), model_runner=runner, model_weights="int8")
+        with pytest.raises(ConfigError, match="PONDER_MODEL_WEIGHTS"):
+            select_runner(settings)
+
+
+def test_the_settings_choose_the_runner_and_its_weights() -> None:
+    default = select_runner(load_settings(model=MODEL))
+    assert default is not None and default.model.head.__class__.__name__ == "_Linear"
+    int8 = select_runner(load_settings(model=MODEL, model_weights="int8"))
+    assert int8 is not None and int8.model.head.__class__.__name__ == "_Int8Linear"
+    assert select_runner(load_settings(model=MODEL, model_runner="hf")) is None

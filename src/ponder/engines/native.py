@@ -46,9 +46,11 @@ The weights are prepared once from the float32 safetensors checkpoint that
 table memory-mapped), so float32 weights are never loaded and the process holds about
 one byte per parameter.
 
-``weights="fp32"`` runs the same forward pass with float32 weights: its greedy tokens
-equal those of the transformers model (the tests check it), which is how the int8 forward
-is checked too.
+``weights="fp32"`` (the engine's default, ``PONDER_MODEL_WEIGHTS=float32``) runs the same
+forward pass with float32 weights: its greedy tokens equal those of the transformers
+model (the tests check it). int8 changes small models' greedy answers (on SmolLM2-135M,
+36 % of 50 short answers agree with float32: ``bench/results/engine-agreement-short.md``),
+which is why it is not the default.
 """
 
 from __future__ import annotations
@@ -114,18 +116,31 @@ def select_runner(settings: Settings, progress: Progress | None = None) -> Nativ
     """The native runner ``settings.model_runner`` asks for; None: use the generic one.
 
     ``auto`` takes the native runner for the architectures it knows; ``native`` insists
-    (ConfigError naming the reason otherwise); ``hf`` never takes it.
+    (ConfigError naming the reason otherwise); ``hf`` never takes it. int8 weights
+    (``settings.model_weights``) exist only in the native runner: ConfigError otherwise.
     """
+    int8 = settings.model_weights == "int8"
     if settings.model_runner == "hf":
+        if int8:
+            raise ConfigError(
+                "PONDER_MODEL_WEIGHTS=int8 needs the native runner: set "
+                "PONDER_MODEL_RUNNER=auto or native, or PONDER_MODEL_WEIGHTS=float32"
+            )
         return None
     source = checkpoint_dir(settings.model, settings.model_cache_dir, progress)
     why = supports(source)
     if why is None:
-        return NativeRunner.load(settings.model, settings.model_cache_dir, progress=progress)
-    if settings.model_runner == "native":
+        weights: Weights = "int8" if int8 else "fp32"
+        return NativeRunner.load(settings.model, settings.model_cache_dir, weights, progress)
+    if settings.model_runner == "native" or int8:
+        setting = (
+            "PONDER_MODEL_RUNNER=native"
+            if settings.model_runner == "native"
+            else ("PONDER_MODEL_WEIGHTS=int8")
+        )
         raise ConfigError(
-            f"PONDER_MODEL_RUNNER=native cannot run {settings.model!r}: it has {why}; "
-            "set PONDER_MODEL_RUNNER=auto or hf"
+            f"{setting} needs the native runner, which cannot run {settings.model!r}: it has "
+            f"{why}; set PONDER_MODEL_RUNNER=auto or hf and PONDER_MODEL_WEIGHTS=float32"
         )
     return None
 
