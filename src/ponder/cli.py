@@ -192,6 +192,9 @@ def _service(url: str, api_key: str | None) -> Iterator[Client]:
     except WaitTimeout as e:
         err_console.print(f"[red]timed out[/red]: {e}; the task goes on")
         raise typer.Exit(EXIT_TASK_FAILED) from e
+    except ConfigError as e:  # a malformed PONDER_URL / PONDER_API_KEY
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(EXIT_USAGE) from e
 
 
 def _print_json(data: Any) -> None:

@@ -13,7 +13,11 @@
 
 Every method returns typed models (:class:`~ponder.types.Task`, :class:`TaskPage`,
 :class:`TaskEvent`). A non-2xx answer raises the :class:`APIError` subclass of its
-API error code (``e.code``: ``not_found``, ``queue_full``, …). ``queue_full``,
+API error code (``e.code``: ``not_found``, ``queue_full``, …). ``submit`` checks its
+request as the API does (the same model: no coercion, no NaN, no blank prompt) and
+raises :class:`InvalidRequestError` before sending anything. A base URL that is not
+http(s) or an API key that cannot be sent in a header is a
+:class:`~ponder.errors.ConfigError` when the client is made. ``queue_full``,
 ``rate_limited`` and ``unavailable`` answers and connection failures are retried up to
 ``max_retries`` times, waiting what ``Retry-After`` says (at most ``max_retry_wait_s``)
 or an exponential backoff with jitter; submits carry an ``Idempotency-Key`` so a retry
@@ -34,9 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from ponder import __version__
-from ponder.errors import PonderError
+from ponder.api.schemas import TaskCreate, describe_errors
+from ponder.errors import ConfigError, PonderError
 from ponder.types import Result, Sample, Task, TaskStatus
 
 __all__ = [
@@ -271,10 +277,15 @@ class _Base:
         max_retries: int,
         max_retry_wait_s: float,
     ) -> None:
-        self.base_url = (base_url or os.environ.get("PONDER_URL") or DEFAULT_URL).rstrip("/")
+        self.base_url = _checked_url(base_url)
         key = api_key if api_key is not None else os.environ.get("PONDER_API_KEY")
         self.headers = {"user-agent": f"ponder-python/{__version__}"}
         if key:
+            if not (key.isascii() and key.isprintable()):
+                raise ConfigError(
+                    "the API key (PONDER_API_KEY) must be printable ASCII; "
+                    "`ponder keys new` makes one"
+                )
             self.headers["authorization"] = f"Bearer {key}"
         self.timeout = timeout
         self.max_retries = max_retries
@@ -295,8 +306,13 @@ class _Base:
 
     @staticmethod
     def _submit_body(prompt: str | None, **fields: Any) -> dict[str, Any]:
-        body = {"prompt": prompt, **fields}
-        return {k: v for k, v in body.items() if v is not None}
+        """The body of a submit, checked as the API checks it (422 InvalidRequestError)."""
+        body = {k: v for k, v in {"prompt": prompt, **fields}.items() if v is not None}
+        try:
+            TaskCreate.model_validate(body)
+        except ValidationError as e:
+            raise InvalidRequestError(422, "invalid", describe_errors(e.errors())) from e
+        return body
 
     @staticmethod
     def _page(response: httpx.Response) -> TaskPage:
@@ -331,6 +347,19 @@ class _Base:
                 raise WaitTimeout("the timeout passed before the task ended")
             read = min(read, remaining)
         return httpx.Timeout(self.timeout, read=read)
+
+
+def _checked_url(base_url: str | None) -> str:
+    url = (base_url or os.environ.get("PONDER_URL") or DEFAULT_URL).rstrip("/")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"the service URL {url!r} (PONDER_URL) is not an http(s) URL; give e.g. {DEFAULT_URL}"
+        )
+    return url
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -409,14 +438,20 @@ class Client(_Base):
         temperature: float | None = None,
         timeout_s: float | None = None,
         tests: str | None = None,
+        stop: list[str] | None = None,
+        early_stop: bool | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
-        """Submit a task (``POST /v1/tasks``); returns it, ``pending``."""
+        """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
+
+        Raises :class:`InvalidRequestError` without sending when the request is invalid.
+        """
         body = self._submit_body(
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, timeout_s=timeout_s, tests=tests, metadata=metadata,
+            temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
+            early_stop=early_stop, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = self._request("POST", "/v1/tasks", json=body, headers={"Idempotency-Key": key})
@@ -557,14 +592,20 @@ class AsyncClient(_Base):
         temperature: float | None = None,
         timeout_s: float | None = None,
         tests: str | None = None,
+        stop: list[str] | None = None,
+        early_stop: bool | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
-        """Submit a task (``POST /v1/tasks``); returns it, ``pending``."""
+        """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
+
+        Raises :class:`InvalidRequestError` without sending when the request is invalid.
+        """
         body = self._submit_body(
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, timeout_s=timeout_s, tests=tests, metadata=metadata,
+            temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
+            early_stop=early_stop, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = await self._request(

@@ -16,7 +16,6 @@ from ponder.batch_feeder import BatchFeeder
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
-from ponder.errors import ConfigError
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
 from ponder.worker import SampleRunner, Worker
@@ -39,13 +38,6 @@ class WorkerRuntime:
         self.batcher: DynamicBatcher | None = None
         runner: SampleRunner = self.engine
         if settings.batching == "static":
-            rows = settings.batch_max_size * settings.batch_max_concurrent
-            if rows > settings.engine_max_rows and self.engine.name != "openai":
-                raise ConfigError(
-                    f"static batching runs batches of up to {rows} rows (PONDER_BATCH_MAX_SIZE "
-                    f"x PONDER_BATCH_MAX_CONCURRENT), more than PONDER_ENGINE_MAX_ROWS="
-                    f"{settings.engine_max_rows}: raise PONDER_ENGINE_MAX_ROWS"
-                )
             self.batcher = DynamicBatcher.from_settings(self.engine, settings)
             runner = self.batcher
         self.webhooks = WebhookSender(store, settings)

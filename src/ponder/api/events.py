@@ -4,8 +4,9 @@ Both follow the task's event log (``status``, ``sample``, ``preliminary``, ``res
 which the store writes atomically with each state change, so they work the same in the
 embedded store and across processes over Redis. Every event carries its log id: a
 client that reconnects with ``Last-Event-ID`` (header, or ``?last_event_id=``) gets
-exactly the events after it. A stream ends after the event that carries a terminal
-status; connecting to a finished task replays its events and ends.
+exactly the events after it; an id past the end of the log waits for the next event, and
+one that is not an event id at all is 400 ``invalid``. A stream ends after the event that
+carries a terminal status; connecting to a finished task replays its events and ends.
 
 Waiting is a blocking read of the log (``read_events(block_ms=…)``), never polling; when
 it times out the SSE stream sends a keep-alive comment. A stream holds at most one page
@@ -19,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
@@ -48,7 +50,7 @@ _SSE_RETRY_MS = 1000
 _WS_NORMAL, _WS_ERROR = 1000, 1011
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 422, 429, 503)
 }
 
 
@@ -95,13 +97,50 @@ def format_sse(event: Event) -> bytes:
     return f"id: {event.id}\nevent: {event.event}\ndata: {data}\n\n".encode()
 
 
+#: an event id as the stores write them: a row id (SQLite) or a stream id (Redis)
+_EVENT_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+
+
+def _event_key(event_id: str) -> tuple[int, int]:
+    first, _, second = event_id.partition("-")
+    return int(first), int(second or 0)
+
+
 def _start_after(*candidates: str | None) -> str | None:
+    """The first Last-Event-ID given (header, then query); 400 ``invalid`` if malformed."""
     for value in candidates:
         if value:
-            if len(value) > _MAX_EVENT_ID:
-                raise ApiError(422, "invalid", f"Last-Event-ID: over {_MAX_EVENT_ID} characters")
+            if not _EVENT_ID.fullmatch(value):
+                raise ApiError(
+                    400,
+                    "invalid",
+                    f"Last-Event-ID: {value[:_MAX_EVENT_ID]!r} is not an event id; give the "
+                    "`id` of the last event received, or none to start from the beginning",
+                )
             return value
     return None
+
+
+async def _resume_after(store: TaskStore, task_id: str, after: str | None) -> str | None:
+    """The last event of the log at or before ``after`` (None: before the first).
+
+    Resuming there is the same as resuming after ``after``, except for an id past the end
+    of the log: the stream then waits for the next event, whatever id it gets, instead of
+    skipping every event up to that id. Read before following, so an event written
+    meanwhile (a later id) is not skipped either.
+    """
+    if after is None:
+        return None
+    limit, resume, cursor = _event_key(after), None, None
+    while True:
+        page = await store.read_events(task_id, cursor, limit=_PAGE)
+        for event in page:
+            if _event_key(event.id) > limit:
+                return resume
+            resume = event.id
+        if len(page) < _PAGE:
+            return resume
+        cursor = page[-1].id
 
 
 async def _sse_stream(
@@ -140,6 +179,7 @@ async def task_events(
     """
     after = _start_after(last_event_id_header, last_event_id)
     await load_task(state.store, task_id, owner)
+    after = await _resume_after(state.store, task_id, after)
     return StreamingResponse(
         _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s),
         media_type="text/event-stream",
@@ -186,8 +226,10 @@ async def task_websocket(
         await check_rate(state, owner, websocket.client.host if websocket.client else None)
         after = _start_after(websocket.headers.get("last-event-id"), last_event_id)
         await load_task(state.store, task_id, owner)
+        after = await _resume_after(state.store, task_id, after)
     except ApiError as e:
-        await _deny(websocket, error_response(e.status, e.code, e.message), e.status, e.message)
+        denial = error_response(e.status, e.code, e.message, e.headers)
+        await _deny(websocket, denial, e.status, e.message)
         return
     except StoreUnavailable:
         message = "the task store cannot be reached; retry later"

@@ -128,8 +128,10 @@ async def judge_sample(sample: Sample, task: Task, settings: Settings) -> None:
                 program,
                 timeout_s=settings.sandbox_timeout_s,
                 memory_mb=settings.sandbox_memory_mb,
+                isolation=settings.sandbox_isolation,
             )
             sample.program_output = run.stdout[-2000:]
+            sample.isolation = run.isolation
             lines = [line for line in run.stdout.splitlines() if line.strip()]
             sample.answer = extract_answer(lines[-1], task_type) if lines else None
         else:
@@ -138,8 +140,13 @@ async def judge_sample(sample: Sample, task: Task, settings: Settings) -> None:
         sample.answer = extract_answer(text, task_type)
     if task_type == TaskType.code and task.tests and sample.answer is not None:
         report = await run_tests_async(
-            sample.answer, task.tests, timeout_s=settings.sandbox_timeout_s * 2
+            sample.answer,
+            task.tests,
+            timeout_s=settings.sandbox_timeout_s * 2,
+            memory_mb=settings.sandbox_memory_mb,
+            isolation=settings.sandbox_isolation,
         )
+        sample.isolation = report.isolation
         sample.tests_passed = report.passed
         sample.tests_failed = report.failed + (1 if report.timed_out else 0)
     sample.confidence = sample_confidence(sample, task_type)
