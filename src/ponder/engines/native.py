@@ -36,7 +36,7 @@ on a CPU at one thread, each measured against the generic runner (bench/engine.p
 different tokens, so no sum may depend on what else is computed: besides the per-row
 quantization grid, the attention of the query at position ``p`` always runs over
 ``_width(p)`` keys (``p`` rounded up to a multiple of 32) in calls of a fixed shape, in
-decode (:meth:`NativeRunner._spans`) as in prefill (:func:`attend_causal`). A row's
+decode (:meth:`NativeRunner._spans`) as in prefill (:func:`_attend_causal`). A row's
 logits are then bit-identical alone and in any batch, and a prompt's KV cache is
 bit-identical however it is cut into chunks.
 
@@ -444,7 +444,7 @@ class _Int8Linear(_Linear):
         return y.mul_(peak) if self.bias is None else torch.addcmul(self.bias, y, peak)
 
 
-def attend_causal(
+def _attend_causal(
     q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int
 ) -> torch.Tensor:
     """Causal attention of ``q`` ``[n, heads, d]`` at positions ``start..start+n-1``.
@@ -558,7 +558,7 @@ class _Model:
         for layer in self.layers:
             q, k, v = self.qkv(layer, x, rotation)
             keys, values = k.transpose(0, 1).contiguous(), v.transpose(0, 1).contiguous()
-            self.finish_layer(layer, x, attend_causal(q, keys, values, 0))
+            self.finish_layer(layer, x, _attend_causal(q, keys, values, 0))
         return self.logits(x)
 
 
@@ -764,7 +764,7 @@ class NativeRunner(ModelRunner):
                 else:
                     keys, values = keys.contiguous(), values.contiguous()
                 states[j].append((keys, values))
-                attended[rows] = attend_causal(q[rows], keys, values, starts[j])
+                attended[rows] = _attend_causal(q[rows], keys, values, starts[j])
                 offset += n
             m.finish_layer(layer, x, attended)
         last = torch.tensor(counts).cumsum(0) - 1
