@@ -3,11 +3,12 @@
 :class:`NativeRunner` implements the :class:`~ponder.engines.runner.ModelRunner` seam for
 the two architectures of the packaged models (``LlamaForCausalLM``: SmolLM2;
 ``Qwen2ForCausalLM``: Qwen2.5) without transformers' modelling code. What makes it fast
-on a CPU at one thread, each measured against the generic runner (bench/engine.py):
+on a CPU at one thread (measured against the generic runner):
 
 - **int8 weights** through fbgemm's dynamic-quantized linear
-  (``torch.ops.quantized.linear_dynamic``, AVX2): 4 x less memory traffic than float32
-  and several times the float32 throughput at every batch size. torch's weight-only
+  (``torch.ops.quantized.linear_dynamic``, AVX2): 4 x less memory traffic than float32,
+  about 1.5-2 x its decode rate at 1-8 rows here (prefill, compute-bound, is no faster:
+  without VNNI fbgemm's int8 matches MKL's float32 at many rows). torch's weight-only
   ``_weight_int8pack_mm`` / ``_weight_int4pack_mm_for_cpu`` have no AVX2 kernels and
   are 10-40 x slower here.
 - **Per-row activation quantization.** fbgemm quantizes its whole input with one scale,
