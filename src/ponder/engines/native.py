@@ -103,7 +103,7 @@ Weights = Literal["int8", "fp32"]
 _Tensors = Mapping[str, torch.Tensor]
 
 #: bump when the prepared file's layout changes: older files are then prepared again
-_FORMAT = "ponder-native-3"
+_FORMAT = "ponder-native-4"
 #: the KV cache grows by this many positions (and rows by _ROW_STEP) when it is full
 _KV_STEP = 64
 _ROW_STEP = 8
@@ -251,7 +251,8 @@ def _prepare(source: Path, shape: _Shape, tied: bool) -> dict[str, torch.Tensor]
     embed = get("model.embed_tokens.weight")
     out["embed"] = embed
     head = embed if tied else get("lm_head.weight")
-    out["head"] = head * get("model.norm.weight")
+    out["head_gain"] = get("model.norm.weight")
+    out["head"] = head * out["head_gain"]
     return out
 
 
@@ -351,6 +352,11 @@ def prepared_weights(
         work.mkdir()
         with _as_config_error(f"cannot prepare the weights of {spec!r} from {source}"):
             tensors = _prepare(source, shape, tied)
+        gain = tensors.pop("head_gain")
+        if weights == "fp32" and tied:
+            # the head is the embedding table (one copy in memory), its gain applied apart
+            del tensors["head"]
+            tensors["head_gain"] = gain
         if weights == "int8":
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
             _smooth(tensors, config, tokenizer)
@@ -509,9 +515,13 @@ class _Model:
             )
             for i in range(shape.layers)
         ]
-        self.head = linear("head", None)
         self.embed = get("embed")
         self.embed_scale = get("embed.scale") if self.embed.dtype == torch.int8 else None
+        try:
+            self.head = linear("head", None)
+        except KeyError:  # float32, tied embeddings: the head is the embedding table
+            self.head = _Linear("embed", {"embed": self.embed}, None)
+            self.head.norm_weight = get("head_gain")
         self.q_dim = shape.heads * shape.head_dim
         self.kv_dim = shape.kv_heads * shape.head_dim
         half = shape.head_dim // 2
