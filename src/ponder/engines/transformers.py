@@ -43,6 +43,7 @@ from ponder.errors import ConfigError, EngineError
 try:
     import torch
 
+    from ponder.engines.native import select_runner
     from ponder.engines.runner import HFRunner, ModelRunner, Prefill, Prefix
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ConfigError(
@@ -122,10 +123,13 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         # torch's intra-op thread count is a per-thread setting: set it where the work runs
         if self._settings.torch_threads > 0:
             torch.set_num_threads(self._settings.torch_threads)
-        model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
-        self._length_tokenizer = copy.deepcopy(tokenizer)
-        self._tokenizer = tokenizer
-        self._runner = HFRunner(model, tokenizer)
+        runner: ModelRunner | None = select_runner(self._settings)
+        if runner is None:
+            model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
+            runner = HFRunner(model, tokenizer)
+        self._length_tokenizer = copy.deepcopy(runner.tokenizer)
+        self._tokenizer = runner.tokenizer
+        self._runner = runner
 
     def _teardown(self) -> None:
         self._runner = None
