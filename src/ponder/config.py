@@ -49,7 +49,13 @@ class ModeConfig(BaseModel):
     task_timeout_s: float = Field(gt=0, description="the whole task's time limit")
     max_timeout_s: float = Field(gt=0, description="the most timeout_s a request may ask for")
     early_stop: bool = Field(
-        default=False, description="stop sampling once the vote cannot change (skipped samples)"
+        default=False, description="stop sampling once the vote is decided (skipped samples)"
+    )
+    target_confidence: float = Field(
+        default=0.95,
+        gt=0,
+        le=1,
+        description="early stop: the probability that the leading answer stays the leader",
     )
     paths: list[str] = Field(
         default_factory=lambda: ["cot"],
