@@ -128,6 +128,11 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def append_record(path: Path, record: dict[str, Any]) -> None:
+    with path.open("a") as f:
+        f.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+
 def load_avg() -> str:
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
@@ -272,8 +277,7 @@ async def collect(args: Any) -> int:
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for job in finished:
                 record = job.result()
-                with checkpoint.open("a") as f:
-                    f.write(json.dumps(record, separators=(",", ":")) + "\n")
+                append_record(checkpoint, record)
                 session["problems"] += 1
                 std = record["runs"]["standard"]["samples"]
                 greedy = std[0]["answer"]

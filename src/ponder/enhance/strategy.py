@@ -194,6 +194,8 @@ class Strategy:
         self.task_type = resolve_task_type(task)
         self.answers: AnswerType = ANSWER_TYPES[self.task_type]
         self.question = self.answers.question(task_prompt(task))
+        self.greedy_weight = GREEDY_WEIGHT
+        self.confidence_power = CONFIDENCE_POWER
         self._clock = clock
         self._last_preliminary: tuple[str | None, float, float] | None = None
 
@@ -261,11 +263,9 @@ class Strategy:
     async def judge(self, sample: Sample) -> None:
         """Extract the sample's answer (running its program or the task's tests where
         there are any) and set its calibrated confidence."""
-        text = sample.text or ""
         settings = self.settings
-        answer_text = text
         if sample.path == "pot":
-            program = extract_program_output(text)
+            program = extract_program_output(sample.text or "")
             if program is not None:
                 run = await run_python_async(
                     program,
@@ -273,17 +273,24 @@ class Strategy:
                     memory_mb=settings.sandbox_memory_mb,
                 )
                 sample.program_output = run.stdout[-2000:]
-                lines = [line for line in run.stdout.splitlines() if line.strip()]
-                answer_text = lines[-1] if lines else ""
-        sample.answer = (
-            self.answers.extract(answer_text, self.question) if answer_text.strip() else None
-        )
+        self.rejudge(sample)
         if self.task_type == TaskType.code and self.task.tests and sample.answer is not None:
             report = await run_tests_async(
                 sample.answer, self.task.tests, timeout_s=settings.sandbox_timeout_s * 2
             )
             sample.tests_passed = report.passed
             sample.tests_failed = report.failed + (1 if report.timed_out else 0)
+        sample.confidence = self.sample_confidence(sample)
+
+    def rejudge(self, sample: Sample) -> None:
+        """Set the answer and confidence from the sample's text (a program-of-thought
+        sample: from the last line its program printed). The quality benchmark calls
+        this on recorded samples."""
+        text = sample.text or ""
+        if sample.path == "pot" and sample.program_output is not None:
+            lines = [line for line in sample.program_output.splitlines() if line.strip()]
+            text = lines[-1] if lines else ""
+        sample.answer = self.answers.extract(text, self.question) if text.strip() else None
         sample.confidence = self.sample_confidence(sample)
 
     def sample_confidence(self, sample: Sample) -> float:
@@ -296,8 +303,9 @@ class Strategy:
 
     # --- the vote -----------------------------------------------------------------------
     def _weight(self, sample: Sample) -> float:
-        base = GREEDY_WEIGHT if sample.temperature == 0 and self.task.samples_planned > 1 else 1.0
-        return base * math.exp(CONFIDENCE_POWER * (sample.confidence or 0.0))
+        greedy = sample.temperature == 0 and self.task.samples_planned > 1
+        base = self.greedy_weight if greedy else 1.0
+        return base * math.exp(self.confidence_power * (sample.confidence or 0.0))
 
     def _groups(self, voters: Sequence[Sample]) -> list[_Group]:
         parts = group_answers([s.answer for s in voters], self.task_type)
