@@ -367,12 +367,12 @@ class Strategy:
         return Fusion(result=result, contested=contested)
 
     def _contested(self, ranked: Sequence[_Group]) -> list[str]:
-        """The competing answers when the vote is genuinely split: the winner has less
-        than ``clarify_below`` of the votes and is not a likely leader (Beta rule < 0.8)."""
+        """The competing answers when the vote is genuinely split: the winner has at most
+        ``clarify_below`` of the votes and is not a likely leader (Beta rule < 0.8)."""
         sizes = [len(g.samples) for g in ranked]
         if (
             len(sizes) < 2
-            or sizes[0] / sum(sizes) >= self.settings.clarify_below
+            or sizes[0] / sum(sizes) > self.settings.clarify_below
             or leader_probability(sizes) >= 0.8
         ):
             return []

@@ -52,7 +52,16 @@ _NUMBER = re.compile(
 )
 #: an arithmetic operator between numbers ("x" only between spaces: "3 x 4")
 _OPERATOR = r"(?:[-+*/\u00d7\u00f7^]|\s[xX]\s|\\times|\\cdot|\\div)"
-_OPERAND_AFTER = re.compile(rf"^\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?\d|^\s*\)?\s*=")
+_OPERAND_AFTER = re.compile(
+    rf"^\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?\d|^\s*\)?\s*=|^\s*(?:[-+*/\u00d7\u00f7^]|\s[xX])\s*$"
+)
+#: a result verb just before a number: "= 8", "is 4", "equals 12", "leaving 3", "gives 7"
+_RESULT_BEFORE = re.compile(
+    r"(?:=|\b(?:is|are|was|were|be|equals?|gives?|gave|get|gets|got|makes?|made|leaves|"
+    r"leaving|left\s+with|total(?:\s+of)?|results?\s+in|comes?\s+to|needs?|has|have|had))"
+    r"\s*(?:\*\*)?\s*(?:approximately\s+|about\s+|exactly\s+|only\s+)?\(?\s*\$?\s*$",
+    re.IGNORECASE,
+)
 _OPERAND_BEFORE = re.compile(rf"\d\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?$")
 _LEADING_FILLER = re.compile(
     r"^(?:approximately|approx\.?|about|around|roughly|exactly|only|just|equal\s+to|equals|"
@@ -152,24 +161,44 @@ def _looks_mathy(s: str) -> bool:
     return bool(s) and (any(c.isdigit() for c in s) or "\\" in s or len(s) <= 2)
 
 
-def stated_results(text: str) -> list[str]:
-    """The numbers of ``text`` that are not operands of an arithmetic expression, in order.
+def stated_results(text: str, asked: frozenset[str] = frozenset()) -> list[str]:
+    """The numbers ``text`` states as results, in order.
 
-    "3 + 5" and "2 * (4 - 1)" are expressions (operands, not results); the number after
-    an "=" and a number that stands alone ("is 4", "leaving 3") are results.
+    Operands of an arithmetic expression ("3 + 5", "2 * (4 - 1)") are not results. A
+    number after a result verb ("= 8", "is 4", "leaving 3") is one; any other number is
+    one unless it is among ``asked``, the numbers of the question ("To add 3 and 2, …"
+    restates the question, it answers nothing).
     """
     out = []
     for m in _NUMBER.finditer(text):
-        before, after = text[max(0, m.start() - 12) : m.start()], text[m.end() : m.end() + 12]
+        before, after = text[max(0, m.start() - 24) : m.start()], text[m.end() : m.end() + 12]
         if _OPERAND_AFTER.match(after):
             continue
+        strong = bool(_RESULT_BEFORE.search(before))
         if _OPERAND_BEFORE.search(before) and not re.search(r"=\s*\(?\s*\$?$", before):
+            continue
+        if not strong and _math_key_of(m[0]) in asked:
             continue
         out.append(m[0])
     return out
 
 
-def extract_math(text: str) -> str | None:
+@functools.lru_cache(maxsize=256)
+def question_numbers(prompt: str) -> frozenset[str]:
+    """The canonical keys of the numbers in a question."""
+    return frozenset(_math_key_of(n) for n in _NUMBER.findall(prompt[-TAIL_CHARS:]))
+
+
+def _math_key_of(number: str) -> str:
+    value = as_rational(_math_normal(number))
+    return str(value) if value is not None else number
+
+
+_WORDY = re.compile(r"^[A-Za-z]{2,}[A-Za-z]*\s+[A-Za-z]")
+_NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE)
+
+
+def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
     text = text[-TAIL_CHARS:]
     boxed = all_boxed(text)
     if boxed:
@@ -181,10 +210,20 @@ def extract_math(text: str) -> str | None:
         if _looks_mathy(ans):
             return ans
     for stmt in reversed(anchored_statements(text)):
+        if _NEGATED.match(stmt):
+            continue  # "the answer is not an integer": no answer stated here
         ans = clean_math(cut_sentence(stmt))
+        if _WORDY.match(ans):
+            # "the answer is the sum of 2 and 4, which is 6": the result it states
+            results = stated_results(stmt, asked)
+            if results:
+                return clean_math(results[-1]) or None
+            continue
         if _looks_mathy(ans):
             return ans
-    results = stated_results(text)
+    results = stated_results(text, asked)
+    if not results and len(text.split()) <= 4:
+        results = stated_results(text)  # a bare "3 days." is the answer it gives
     if results:
         return clean_math(results[-1]) or None
     return None
@@ -241,7 +280,9 @@ class MathAnswer(AnswerType):
     task_type = TaskType.math
 
     def extract(self, text: str, question: Question) -> str | None:
-        return extract_math(text)
+        return extract_math(
+            text, question_numbers(question.prompt) if question.prompt else frozenset()
+        )
 
     def key(self, answer: str) -> str:
         """A plain rational as ``str(Fraction)`` ("12" for 12, 12.0, 1,234 → "1234",

@@ -8,7 +8,9 @@ to a short answer:
 * "X is Y" keeps the side that does not restate the question ("The capital of France is
   Paris" → ``Paris``);
 * leading articles, a possessor and a trailing "of …" that only name what the question
-  names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``).
+  names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``);
+* a short answer made only of the question's own words answers nothing: None ("Liam to
+  Susan" for "What is Liam to Susan?").
 
 Two short answers are the same when their normalised forms are equal, when one's words
 are all in the other and the other's first word is one of them ("Paris" ≡ "Paris,
@@ -137,7 +139,10 @@ def short_answer(text: str, question: Question) -> tuple[str | None, bool]:
             else:
                 s = subject
         s = _drop_question_words(s, question) or s
-    return s.strip(" ,;:") or None, anchored
+    s = s.strip(" ,;:")
+    if question.words and _restates(s, question) == 1.0:
+        return None, False  # "Liam to Susan" for "What is Liam to Susan?": nothing answered
+    return s or None, anchored
 
 
 def _key_words(answer: str) -> list[str]:
