@@ -9,8 +9,8 @@ to a short answer:
   Paris" → ``Paris``);
 * leading articles, a possessor and a trailing "of …" that only name what the question
   names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``);
-* a short answer made only of the question's own words answers nothing: None ("Liam to
-  Susan" for "What is Liam to Susan?").
+* a short answer of two or more words, all of them the question's own, answers nothing:
+  None ("Liam to Susan" for "What is Liam to Susan?").
 
 Two short answers are the same when their normalised forms are equal, when one's words
 are all in the other and the other's first word is one of them ("Paris" ≡ "Paris,
@@ -138,11 +138,16 @@ def short_answer(text: str, question: Question) -> tuple[str | None, bool]:
                 s = predicate
             else:
                 s = subject
+        if _only_restates(s, question):
+            return None, False  # "Liam to Susan" for "What is Liam to Susan?": no answer
         s = _drop_question_words(s, question) or s
-    s = s.strip(" ,;:")
-    if question.words and _restates(s, question) == 1.0:
-        return None, False  # "Liam to Susan" for "What is Liam to Susan?": nothing answered
-    return s or None, anchored
+    return s.strip(" ,;:") or None, anchored
+
+
+def _only_restates(s: str, question: Question) -> bool:
+    return (
+        bool(question.words) and len(_content(text_words(s))) >= 2 and _restates(s, question) == 1.0
+    )
 
 
 def _key_words(answer: str) -> list[str]:
