@@ -48,11 +48,11 @@ from quality_collect import (
     TASK_TIMEOUT_S,
     Scorer,
     append_record,
-    bench_settings,
     collect,
     default_checkpoint,
     load_avg,
     read_records,
+    running_service,
     wait_for,
 )
 from quality_replay import (
@@ -89,12 +89,8 @@ def live_path(model: str) -> Path:
 # --- live check -------------------------------------------------------------------------
 async def live(args: argparse.Namespace) -> int:
     """The live worker runtime on a subset, with the collection's task ids."""
-    import tempfile
-
     from ponder.api.schemas import TaskCreate
     from ponder.api.tasks import build_task
-    from ponder.runtime import WorkerRuntime
-    from ponder.store import create_store
 
     records = read_records(args.checkpoint)[: args.live_limit]
     out = live_path(args.model)
@@ -103,12 +99,6 @@ async def live(args: argparse.Namespace) -> int:
     print(f"live: {len(todo)} problems to run ({len(done)} done)", flush=True)
     if not todo:
         return 0
-    workdir = Path(tempfile.mkdtemp(prefix="ponder-live-"))
-    settings = bench_settings(workdir, args.model, args.batch_max_size, args.torch_threads)
-    store = create_store(settings)
-    await store.start()
-    runtime = WorkerRuntime(settings, store, workers=1)
-    await runtime.start()
     gate = asyncio.Semaphore(args.in_flight)
 
     async def one(record: dict[str, Any]) -> None:
@@ -137,11 +127,8 @@ async def live(args: argparse.Namespace) -> int:
             append_record(out, line)
             print(f"live {record['key']}: {line['standard']['answer']!r}", flush=True)
 
-    try:
+    async with running_service(args, "ponder-live-") as (settings, store):
         await asyncio.gather(*(one(r) for r in todo))
-    finally:
-        await runtime.stop()
-        await store.close()
     return 0
 
 

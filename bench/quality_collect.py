@@ -23,7 +23,7 @@ import os
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -192,11 +192,6 @@ def sample_record(sample: Any) -> dict[str, Any]:
 
 async def collect(args: Any) -> int:
     """Run the missing problems of the checkpoint; append one record per problem."""
-    from ponder.api.schemas import TaskCreate
-    from ponder.api.tasks import build_task
-    from ponder.runtime import WorkerRuntime
-    from ponder.store import create_store
-
     scorer = Scorer(args.datasets, args.size, args.seed)
     problems = scorer.problems()
     checkpoint: Path = args.checkpoint
@@ -210,14 +205,43 @@ async def collect(args: Any) -> int:
     )
     if not todo:
         return 0
-    workdir = Path(tempfile.mkdtemp(prefix="ponder-quality-"))
+    started = time.monotonic()
+    async with running_service(args, "ponder-quality-") as (settings, store):
+        print(f"engine ready in {time.monotonic() - started:.0f}s", flush=True)
+        await _collect(args, settings, store, todo, checkpoint, started)
+    return 0
+
+
+@contextlib.asynccontextmanager
+async def running_service(args: Any, prefix: str) -> AsyncIterator[tuple[Any, Any]]:
+    """The worker runtime over an embedded store in a fresh directory: (settings, store)."""
+    from ponder.runtime import WorkerRuntime
+    from ponder.store import create_store
+
+    workdir = Path(tempfile.mkdtemp(prefix=prefix))
     settings = bench_settings(workdir, args.model, args.batch_max_size, args.torch_threads)
     store = create_store(settings)
     await store.start()
     runtime = WorkerRuntime(settings, store, workers=1)
-    started = time.monotonic()
-    await runtime.start()
-    print(f"engine ready in {time.monotonic() - started:.0f}s", flush=True)
+    try:
+        await runtime.start()
+        yield settings, store
+    finally:
+        await runtime.stop()
+        await store.close()
+
+
+async def _collect(
+    args: Any,
+    settings: Any,
+    store: Any,
+    todo: list[tuple[int, Problem]],
+    checkpoint: Path,
+    started: float,
+) -> None:
+    from ponder.api.schemas import TaskCreate
+    from ponder.api.tasks import build_task
+
     log_path = checkpoint.with_suffix(".log")
     session = {"start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "load_start": load_avg(), "problems": 0}  # fmt: skip
@@ -292,11 +316,7 @@ async def collect(args: Any) -> int:
         session["end"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
         session["wall_s"] = round(time.monotonic() - started, 1)
         session["load_end"] = load_avg()
-        with log_path.open("a") as f:
-            f.write(json.dumps(session) + "\n")
-        await runtime.stop()
-        await store.close()
-    return 0
+        append_record(log_path, session)
 
 
 def default_checkpoint(model: str) -> Path:

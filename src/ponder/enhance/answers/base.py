@@ -28,6 +28,7 @@ __all__ = [
     "anchored_statements",
     "normalise_text",
     "register",
+    "statement_signals",
 ]
 
 #: extraction looks at the end of long texts only (final answers are stated last)
@@ -155,6 +156,20 @@ def anchored_statements(text: str) -> list[str]:
             line = nxt[0].strip() if nxt else ""
         out.append(line)
     return out
+
+
+def statement_signals(work: float, stated: Sequence[str]) -> float:
+    """``0.4 * work + 0.4 * consistent + 0.2 * restated`` from the keys of a text's final
+    statements: consistent is 0 when they differ; restated is 1 for two or more that
+    agree, 0.5 for one, 0.25 for none (the answer came from a fallback)."""
+    consistent = 0.0 if len(set(stated)) > 1 else 1.0
+    if len(stated) >= 2 and len(set(stated)) == 1:
+        restated = 1.0
+    elif stated:
+        restated = 0.5
+    else:
+        restated = 0.25
+    return max(0.0, min(1.0, 0.4 * work + 0.4 * consistent + 0.2 * restated))
 
 
 def normalise_text(s: str) -> str:

@@ -22,6 +22,7 @@ from ponder.enhance.answers.base import (
     anchored_statements,
     normalise_text,
     register,
+    statement_signals,
 )
 from ponder.types import TaskType
 
@@ -154,14 +155,7 @@ class ChoiceAnswer(AnswerType):
             stated[1] for s in anchored_statements(tail) if (stated := _letter(f"answer: {s}"))
         ]
         letters += [m[1].upper() for m in (_ALONE.match(b.strip()) for b in all_boxed(tail)) if m]
-        consistent = 0.0 if len(set(letters)) > 1 else 1.0
-        if len(letters) >= 2 and len(set(letters)) == 1:
-            restated = 1.0
-        elif letters:
-            restated = 0.5
-        else:
-            restated = 0.25
-        return max(0.0, min(1.0, 0.4 * work + 0.4 * consistent + 0.2 * restated))
+        return statement_signals(work, letters)
 
     def claim(self, prompt: str, outputs: Sequence[str]) -> int:
         return 40 if parse_options(prompt) else 0

@@ -34,6 +34,7 @@ from ponder.enhance.answers.base import (
     all_boxed,
     anchored_statements,
     register,
+    statement_signals,
 )
 from ponder.enhance.mathverify import get_pool
 from ponder.types import TaskType
@@ -316,16 +317,7 @@ class MathAnswer(AnswerType):
         if answer is None:
             return 0.0
         work = min(1.0, len(_WORK_STEP.findall(text[-TAIL_CHARS:])) / 3)
-        statements = _final_statements(text)
-        keys = {self.key(s) for s in statements}
-        consistent = 0.0 if len(keys) > 1 else 1.0
-        if len(statements) >= 2 and len(keys) == 1:
-            restated = 1.0
-        elif statements:
-            restated = 0.5
-        else:
-            restated = 0.25
-        return max(0.0, min(1.0, 0.4 * work + 0.4 * consistent + 0.2 * restated))
+        return statement_signals(work, [self.key(s) for s in _final_statements(text)])
 
     def claim(self, prompt: str, outputs: Sequence[str]) -> int:
         if _MATH_PROMPT.search(prompt):
