@@ -560,7 +560,8 @@ def fuse(
     samples: Sequence[Sample], task_type: TaskType, settings: Settings, *, clarify: bool = False
 ) -> Fusion | None:
     task = Task(id="0000000000000-legacy-0", task_type=task_type, samples=list(samples),
-                samples_planned=len(samples), mode="deep" if clarify else "standard")  # fmt: skip
+                samples_planned=len(samples),
+                mode="deep" if clarify else ("fast" if len(samples) == 1 else "standard"))  # fmt: skip
     return create_strategy(task, settings).fuse(samples)
 
 
