@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Literal
 
 from ponder.config import Mode, ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
@@ -559,9 +559,11 @@ def decided(samples: Sequence[Sample], task_type: TaskType, window: int) -> bool
 def fuse(
     samples: Sequence[Sample], task_type: TaskType, settings: Settings, *, clarify: bool = False
 ) -> Fusion | None:
+    mode: Literal["fast", "standard", "deep"] = (
+        "deep" if clarify else ("fast" if len(samples) == 1 else "standard")
+    )
     task = Task(id="0000000000000-legacy-0", task_type=task_type, samples=list(samples),
-                samples_planned=len(samples),
-                mode="deep" if clarify else ("fast" if len(samples) == 1 else "standard"))  # fmt: skip
+                samples_planned=len(samples), mode=mode)  # fmt: skip
     return create_strategy(task, settings).fuse(samples)
 
 
