@@ -38,6 +38,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from ponder.enhance.answers import answer_type
 from ponder.enhance.calibration import Calibration, default_calibration
 from ponder.enhance.strategy import Strategy
 from quality_collect import (
@@ -223,6 +224,25 @@ def replay_all(rep: ModelReport) -> None:
     )
 
 
+def add_optillm_offline(rep: ModelReport) -> None:
+    """optillm's aggregation over ponder's own sampled answers 1..5 (paired with
+    ``ponder@5-sampled``: same samples, another vote)."""
+    from quality_peer import optillm_offline
+
+    reps = optillm_offline(rep.records, [1, 2, 3, 4, 5])
+    if not reps:
+        return
+    by_key = {x["key"]: x for x in rep.records}
+    rows = []
+    for key, text in reps.items():
+        x = by_key[key]
+        kind = answer_type(x["task_type"])
+        answer = kind.extract(text, kind.question(x["question"])) if text else None
+        rows.append(Outcome(key, x["dataset"], rep.replayer.correct(x, answer), answer, 5, 0))
+    rep.labels["optillm-offline"] = "optillm's self_consistency vote over ponder's samples 1-5"
+    rep.configs["optillm-offline"] = rows
+
+
 def peer_outcomes(rep: ModelReport, scorer: Scorer) -> list[Outcome]:
     lines = {r["key"]: r for r in read_records(peer_path(rep.model))}
     out = []
@@ -373,7 +393,6 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
             "met" if ok else "**not met**",
         )
     )
-    best = None
     for target in TARGETS:
         name = f"stop@8-{target}"
         saved = 1 - rep.mean_samples(name) / rep.mean_samples("ponder@8")
@@ -385,8 +404,6 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
             f"({100 * saved:.0f} % fewer), accuracy {pct(rep.acc(name))} vs "
             f"{pct(rep.acc('ponder@8'))} % ({drop:+.1f} points, p = {t.p_value:.3g})"
         )
-        if best is None or (ok and not best[1]):
-            best = (text, ok)
         if target == 0.95:
             rows.append(
                 (
@@ -416,6 +433,15 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
                 "ponder's vote >= optillm self_consistency at 5 samples",
                 "optillm not run for this model",
                 "not measured",
+            )
+        )
+    if "optillm-offline" in rep.configs:
+        better = rep.acc("ponder@5-sampled") >= rep.acc("optillm-offline")
+        rows.append(
+            (
+                "ponder's vote >= optillm's vote on the same 5 sampled answers (offline)",
+                compare(rep, "ponder@5-sampled", "optillm-offline"),
+                "met" if better else "**not met**",
             )
         )
     return rows
@@ -493,6 +519,7 @@ def report(args: argparse.Namespace) -> int:
     for rep in reports:
         rep.replayer.calibration = calibration
         replay_all(rep)
+        add_optillm_offline(rep)
     eces = held_out_ece(reports)
     if args.write_calibration:
         data = calibration.to_json()
@@ -605,8 +632,10 @@ def write_report(
             ("stop@8-0.95", "ponder@8"),
             ("deep", "ponder@5"),
             ("deep-stop", "deep"),
+            ("ponder@5-sampled", "optillm-offline"),
         ):
-            lines.append(f"- {compare(rep, a, b)}")
+            if a in rep.configs and b in rep.configs:
+                lines.append(f"- {compare(rep, a, b)}")
         lines += [
             "",
             "Accuracy per dataset:",
@@ -707,7 +736,12 @@ def main() -> None:
         if args.step in ("collect", "all"):
             code |= asyncio.run(collect(args))
         if args.step in ("peer", "all"):
-            records = read_records(args.checkpoint)[: args.peer_limit]
+            problems = Scorer(args.datasets, args.size, args.seed).problems()[: args.peer_limit]
+            records = [
+                {"key": p.key, "question": p.question, "task_type": p.task_type,
+                 "max_new_tokens": args.max_new_tokens}
+                for p in problems
+            ]  # fmt: skip
             print(asyncio.run(run_peer(args, records, peer_path(model))), flush=True)
         if args.step in ("live", "all"):
             code |= asyncio.run(live(args))

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import socket
 import subprocess
@@ -257,3 +258,36 @@ async def run_peer(args: Any, records: list[dict[str, Any]], out: Path) -> str:
         f"measured ({len(todo)} problems in {time.monotonic() - started:.0f}s; optillm dropped "
         f"{dropped} replies as empty or truncated)"
     )
+
+
+_OFFLINE = """
+import json, sys
+from optillm.self_consistency import AdvancedSelfConsistency
+sc = AdvancedSelfConsistency(client=None, model="offline")
+for line in sys.stdin:
+    r = json.loads(line)
+    clusters = sc.aggregate_results(r["texts"])["clusters"]
+    print(json.dumps({"key": r["key"], "text": clusters[0]["answer"] if clusters else None}))
+"""
+
+
+def optillm_offline(records: list[dict[str, Any]], indices: list[int]) -> dict[str, str | None]:
+    """optillm's own ``self_consistency`` aggregation (its code, in its virtualenv) over
+    ponder's recorded samples ``indices`` of each problem, as its proxy sees replies:
+    truncated ones (``finish_reason=length``) and empty ones are dropped first. Returns
+    the representative reply per problem key (None: "No consistent answer found.");
+    empty when optillm is not installed."""
+    binary = Optillm.binary()
+    if binary is None:
+        return {}
+    lines = []
+    for r in records:
+        samples = [r["runs"]["standard"]["samples"][i] for i in indices]
+        texts = [s["text"] for s in samples if s["text"] and s["finish_reason"] != "length"]
+        lines.append(json.dumps({"key": r["key"], "texts": texts}))
+    python = binary.parent / "python"
+    out = subprocess.run(
+        [str(python), "-c", _OFFLINE], input="\n".join(lines), capture_output=True, text=True,
+        timeout=600, check=True,
+    )  # fmt: skip
+    return {d["key"]: d["text"] for d in map(json.loads, out.stdout.splitlines())}
