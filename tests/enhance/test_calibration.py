@@ -61,3 +61,7 @@ def test_features_handle_missing_log_probabilities() -> None:
     assert f["share"] == 0.75 and f["margin"] == 0.5 and f["greedy_agrees"] == 1.0
     assert f["mean_logprob"] == pytest.approx((-0.2 - 2.5) / 2)
     assert f["sample_confidence"] == pytest.approx(0.7)
+
+
+def test_a_model_without_its_own_fit_gets_the_pooled_one() -> None:
+    assert default_calibration("no-such-model") == default_calibration(None)

@@ -13,8 +13,9 @@ quality benchmark's recorded samples and shipped as package data
 
 By construction one sample is never confident: a result's probability is capped at the
 winner's Laplace share ``(votes + 1) / (finished + 2)`` (2/3 for one sample), and an
-answer of None has probability 0. The file also records the held-out expected
-calibration error per mode that the benchmark measured.
+answer of None has probability 0. Confidence depends on the model: the file holds one
+fit per benchmark model (by ``PONDER_MODEL`` name) and one over all of them for other
+models, with the held-out expected calibration error per mode that the benchmark measured.
 """
 
 from __future__ import annotations
@@ -149,7 +150,17 @@ def result_features(
 
 
 @functools.cache
-def default_calibration() -> Calibration:
-    """The calibration shipped with the package (``ponder/enhance/calibration.json``)."""
+def _shipped() -> dict[str, Any]:
     text = resources.files("ponder.enhance").joinpath("calibration.json").read_text()
-    return Calibration.from_json(json.loads(text))
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@functools.cache
+def default_calibration(model: str | None = None) -> Calibration:
+    """The calibration shipped with the package (``ponder/enhance/calibration.json``):
+    the one fitted for ``model`` (a ``PONDER_MODEL`` name) if there is one, else the one
+    fitted on every benchmark model together."""
+    data = _shipped()
+    fitted = data.get("models", {}).get(model) if model else None
+    return Calibration.from_json(fitted or data["default"])

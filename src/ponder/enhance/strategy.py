@@ -190,7 +190,7 @@ class Strategy:
         self.task = task
         self.settings = settings
         self.config: ModeConfig = settings.mode(task.mode)
-        self.calibration = calibration or default_calibration()
+        self.calibration = calibration or default_calibration(settings.model)
         self.task_type = resolve_task_type(task)
         self.answers: AnswerType = ANSWER_TYPES[self.task_type]
         self.question = self.answers.question(task_prompt(task))
