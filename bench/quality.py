@@ -364,6 +364,28 @@ def live_check(rep: ModelReport) -> tuple[int, int, int]:
     return problems, matched, texts
 
 
+def sample_notes(rep: ModelReport) -> str:
+    """What the recorded samples look like: answers stated, truncation, length."""
+    samples = [
+        s for x in rep.records for run in x["runs"].values() for s in run["samples"]
+        if s["status"] == "done"
+    ]  # fmt: skip
+    r = rep.replayer
+    stated = 0
+    for x in rep.records:
+        for mode, run in x["runs"].items():
+            strategy = r.strategy(x, mode, len(run["samples"]))
+            stated += sum(s.answer is not None for s in r.samples(strategy, run["samples"]))
+    cut = sum(s["finish_reason"] == "length" for s in samples)
+    tokens = sum(s["completion_tokens"] for s in samples)
+    n = max(1, len(samples))
+    return (
+        f"Recorded samples: {len(samples)}; {stated} ({100 * stated / n:.0f} %) state an answer "
+        f"(the others do not vote); {cut} ({100 * cut / n:.0f} %) reached the token limit; "
+        f"{tokens / n:.0f} completion tokens on average."
+    )
+
+
 def command_line() -> str:
     return shlex.join([".venv/bin/python", "bench/quality.py", *sys.argv[1:]])
 
@@ -675,7 +697,7 @@ def write_report(
             )
         else:
             lines.append("Live check: not run for this model (`quality.py live`).")
-        lines.append("")
+        lines += ["", sample_notes(rep), ""]
     lines += ["## Calibration", ""]
     lines.append(
         "One fit per model (the service picks it by `PONDER_MODEL`) and one over all models "
