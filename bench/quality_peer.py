@@ -242,9 +242,12 @@ async def run_peer(args: Any, records: list[dict[str, Any]], out: Path) -> str:
                         error = None
                     except (httpx.HTTPError, KeyError, ValueError) as e:
                         text, error = "", f"{type(e).__name__}: {e}"
+                if error is not None:  # not recorded: a rerun asks again
+                    print(f"optillm {record['key']}: {error}", flush=True)
+                    return
                 kind = answers.answer_type(record["task_type"])
                 answer = kind.extract(text, kind.question(record["question"])) if text else None
-                line = {"key": record["key"], "text": text, "answer": answer, "error": error}
+                line = {"key": record["key"], "text": text, "answer": answer}
                 append_record(out, line)
                 print(f"optillm {record['key']}: {answer!r}", flush=True)
 
