@@ -29,7 +29,7 @@ from ponder.enhance.answers.base import (
     Question,
     connected_groups,
 )
-from ponder.enhance.answers.code import extract_code_block, fenced_blocks
+from ponder.enhance.answers.code import extract_code_block
 from ponder.enhance.answers.text import TEXT_SIMILARITY_THRESHOLD
 from ponder.types import TaskType
 
@@ -47,7 +47,6 @@ __all__ = [
     "canonical_key",
     "extract_answer",
     "extract_code_block",
-    "fenced_blocks",
     "group_answers",
     "infer_task_type",
     "reasoning_signals",
