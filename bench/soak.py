@@ -264,7 +264,7 @@ async def main(args: argparse.Namespace) -> int:
         port = free_port()
         url = f"http://127.0.0.1:{port}"
         worker_settings = {
-            "scripted_batch_ms": args.batch_ms,
+            "scripted_step_ms": args.step_ms,
             "batch_max_size": 8,
             "claim_block_ms": 500,
         }
@@ -427,8 +427,8 @@ def render(
         "",
         f"- Own `redis-server` (free loopback port), 1 `ponder api` + {args.workers} "
         "`ponder worker` processes (one worker loop each, 32 tasks in flight per loop), "
-        f"scripted engine with `{args.batch_ms}` ms per batch (base, per row), batches of "
-        "up to 8.",
+        f"scripted engine with `{args.step_ms}` ms per step (base, per row), up to 16 "
+        "rows per step.",
         f"- Task mix: 80 % `fast` (1 sample), 20 % `standard` (3 samples), priorities 0..5. "
         f"Backlog limit `PONDER_MAX_PENDING={args.max_pending}`.",
         f"- **Capacity** measured first (a backlog of {args.max_pending} tasks submitted "
@@ -522,7 +522,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--tasks", type=int, default=20_000)
     p.add_argument("--load", type=float, default=2.0, help="offered load / capacity")
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--batch-ms", default="300,10", help="scripted engine: base,per_item ms")
+    p.add_argument("--step-ms", default="25,1", help="scripted engine: base,per_row ms a step")
     p.add_argument("--max-pending", type=int, default=500)
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)

@@ -66,6 +66,9 @@ class FakeEngine(BaseEngine):
         self.wrong_count = False
         self._started: asyncio.Queue[Call] = asyncio.Queue()
 
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        raise NotImplementedError("a whole-batch engine: the batcher calls generate()")
+
     async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
         call = Call(list(batch))
         self.calls.append(call)

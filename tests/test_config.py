@@ -20,12 +20,12 @@ def test_defaults_match_the_mode_table() -> None:
 def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PONDER_MAX_PENDING", "7")
     monkeypatch.setenv("PONDER_PRIORITY_QUOTAS", "5,4,3,2,1,1")
-    monkeypatch.setenv("PONDER_SCRIPTED_BATCH_MS", "200,6.7")
+    monkeypatch.setenv("PONDER_SCRIPTED_STEP_MS", "200,6.7")
     monkeypatch.setenv("PONDER_MODES__STANDARD__SAMPLES", "5")
     s = load_settings()
     assert s.max_pending == 7
     assert s.priority_quotas == [5, 4, 3, 2, 1, 1]
-    assert s.scripted_batch_ms == [200.0, 6.7]
+    assert s.scripted_step_ms == [200.0, 6.7]
     assert s.mode("standard").samples == 5
     assert s.mode("fast").samples == 1
 
@@ -37,7 +37,7 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PONDER_PRIORITY_QUOTAS", "1,2", "6 positive integers"),
         ("PONDER_NODE_ID", "bad node", "PONDER_NODE_ID"),
         ("PONDER_API_KEYS", "secret-key", "SHA-256"),
-        ("PONDER_SCRIPTED_BATCH_MS", "-1,2", "non-negative"),
+        ("PONDER_SCRIPTED_STEP_MS", "-1,2", "non-negative"),
         ("PONDER_MODES__STANDARD__SAMPLES", "99", "max_samples"),
     ],
 )

@@ -39,7 +39,7 @@ async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
         "PONDER_REDIS_URL": redis_url,
         "PONDER_KEY_PREFIX": key_prefix,
         "PONDER_ENGINE": "scripted",
-        "PONDER_SCRIPTED_BATCH_MS": "5,1",
+        "PONDER_SCRIPTED_STEP_MS": "5,1",
         "PONDER_BATCH_MAX_WAIT_MS": "5",
         "PONDER_CLAIM_BLOCK_MS": "200",
     }

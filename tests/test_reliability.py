@@ -406,7 +406,7 @@ async def test_early_stop_with_a_sample_in_flight_still_ends_the_task(
     taken for a client cancel, and the entry of a still `running` task was acked."""
     # deep: a first wave of 3 (7, 7, 8) leaves the vote open; the next two run together,
     # the 4th (7) decides it while the 5th still runs (it would hang), so it is skipped
-    settings = sqlite_settings.model_copy(update={"batch_max_size": 1, "batch_max_concurrent": 8})
+    settings = sqlite_settings.model_copy(update={"engine_max_rows": 8})
     body = {"prompt": "[[answers: 7, 7, 8, 7, hang]]", "mode": "deep", "task_type": "text"}
     async with (
         LiveServer(settings, workers=1) as live,
@@ -424,8 +424,8 @@ async def test_early_stop_with_a_sample_in_flight_still_ends_the_task(
 async def test_killed_worker_task_is_reclaimed_keeping_finished_samples(
     redis_settings: Settings, tmp_path: Path
 ) -> None:
-    # one sample per engine call, one call at a time: samples finish one after another
-    sequential = {"lease_s": 1, "batch_max_size": 1, "batch_max_concurrent": 1}
+    # one row at a time on the engine: samples finish one after another
+    sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
     store = RedisStore(redis_settings)
     async with (
@@ -464,7 +464,7 @@ async def test_reclaim_after_the_first_wave_runs_the_remaining_samples(
     filled the first wave launched nothing, and its queued samples timed out."""
     # standard mode's first wave is 2 samples (early stop); wA is killed once both are
     # saved, while the third runs: the reclaim must run the third, not time it out
-    sequential = {"lease_s": 1, "batch_max_size": 1, "batch_max_concurrent": 1}
+    sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
     store = RedisStore(redis_settings)
     async with (
@@ -496,8 +496,7 @@ async def test_sigterm_lets_running_tasks_finish_and_releases_the_rest(
     options = {
         "lease_s": 30,
         "shutdown_grace_s": 1.5,
-        "batch_max_size": 1,
-        "batch_max_concurrent": 4,
+        "engine_max_rows": 4,
     }
     store = RedisStore(redis_settings)
     async with (

@@ -569,7 +569,7 @@ async def test_webhooks_through_the_service(redis_url: str, key_prefix: str) -> 
 async def test_preliminary_webhook_through_the_service(settings: Settings) -> None:
     """Deep mode: the first finished sample's answer goes out as task.preliminary while
     the other samples run (one at a time here), then task.completed."""
-    config = sender_settings(settings).model_copy(update={"batch_max_size": 1})
+    config = sender_settings(settings).model_copy(update={"engine_max_rows": 1})
     async with (
         Receiver([200]) as receiver,
         LiveServer(config, workers=1) as live,

@@ -1,4 +1,5 @@
-"""The worker against both real stores, the real batcher and the scripted engine."""
+"""The worker against both real stores and the scripted engine (continuous batching, and
+the static batcher where a test says so)."""
 
 from __future__ import annotations
 
@@ -13,28 +14,28 @@ from ponder.api.schemas import TaskCreate
 from ponder.api.tasks import build_task, cancel_task
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings, load_settings
-from ponder.engines.base import SampleRequest
+from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.scripted import ScriptedEngine
 from ponder.ids import IdGenerator
 from ponder.states import is_terminal
 from ponder.store import create_store
 from ponder.store.base import TaskStore
 from ponder.types import SampleStatus, Task, TaskStatus
-from ponder.worker import Worker
+from ponder.worker import SampleRunner, Worker
 
 
 class RecordingEngine(ScriptedEngine):
     """The scripted engine, remembering every request it was given."""
 
-    def __init__(self) -> None:
-        super().__init__()
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(settings)
         self.requests: list[SampleRequest] = []
         self.arrived = asyncio.Event()
 
-    async def generate(self, batch: Any) -> Any:
-        self.requests.extend(batch)
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        self.requests.append(request)
         self.arrived.set()
-        return await super().generate(batch)
+        return await super().submit(request)
 
 
 @dataclass
@@ -42,13 +43,13 @@ class Harness:
     settings: Settings
     store: TaskStore
     engine: RecordingEngine
-    batcher: DynamicBatcher
+    runner: SampleRunner
     ids: IdGenerator = field(default_factory=lambda: IdGenerator("t1"))
     workers: list[tuple[Worker, asyncio.Task[None]]] = field(default_factory=list)
 
     def start_worker(self, **overrides: Any) -> Worker:
         settings = self.settings.model_copy(update=overrides) if overrides else self.settings
-        worker = Worker(self.store, self.batcher, settings, worker_id=f"w{len(self.workers)}")
+        worker = Worker(self.store, self.runner, settings, worker_id=f"w{len(self.workers)}")
         self.workers.append((worker, asyncio.create_task(worker.run())))
         return worker
 
@@ -85,17 +86,22 @@ async def make_harness(settings: Settings) -> AsyncIterator[Callable[..., Any]]:
         s = load_settings(**{**settings.model_dump(), **overrides})
         store = create_store(s)
         await store.start()
-        engine = RecordingEngine()
-        batcher = DynamicBatcher.from_settings(engine, s)
-        await batcher.start()
-        harness = Harness(s, store, engine, batcher)
+        engine = RecordingEngine(s)
+        await engine.start()
+        runner: SampleRunner = engine
+        if s.batching == "static":
+            runner = DynamicBatcher.from_settings(engine, s)
+            await runner.start()
+        harness = Harness(s, store, engine, runner)
         made.append(harness)
         return harness
 
     yield make
     for h in made:
         await h.stop()
-        await h.batcher.close()
+        if isinstance(h.runner, DynamicBatcher):
+            await h.runner.close()
+        await h.engine.close()
         await h.store.close()
 
 
@@ -188,13 +194,9 @@ async def test_some_failed_samples_give_partial_done(h: Harness) -> None:
 
 
 async def test_sample_timeout_is_partial(make_harness: Callable[..., Any]) -> None:
-    # One row per batch, batches side by side: the hanging row holds only its own batch
-    # (in one batch, every row waits for the slowest, as on a real accelerator).
-    h: Harness = await make_harness(
-        batch_max_size=1, batch_max_concurrent=3, modes={"standard": {"sample_timeout_s": 0.3}}
-    )
+    h: Harness = await make_harness(modes={"standard": {"sample_timeout_s": 0.3}})
     h.start_worker()
-    task = await h.submit("[[answers: 7, hang, 7]]")
+    task = await h.submit("[[answers: 7, hang, 7]]", early_stop=False)
     ended = await h.wait(task.id)
     assert ended.status == TaskStatus.partial_done
     assert [s.status for s in ended.samples] == [
@@ -202,8 +204,74 @@ async def test_sample_timeout_is_partial(make_harness: Callable[..., Any]) -> No
         SampleStatus.timeout,
         SampleStatus.done,
     ]
-    hung = [r for r in h.engine.requests if r.sample_index == 1]
-    assert hung and hung[0].is_cancelled  # the engine was told to stop
+    assert ended.samples[1].finish_reason == "timeout"  # the engine ended the row itself
+
+
+async def test_a_hanging_sample_does_not_hold_its_task(h: Harness) -> None:
+    """Without early stopping, the task deadline (3 s) ends the hanging sample, and the
+    other two, which ended at once, give the answer."""
+    h.start_worker()
+    task = await h.submit("[[answers: 5, hang, 5]]", mode="standard", timeout_s=3, early_stop=False)
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.partial_done
+    assert ended.result is not None and ended.result.answer == "5"
+    statuses = [s.status for s in ended.samples]
+    assert statuses.count(SampleStatus.done) == 2 and statuses[1] == SampleStatus.timeout
+    done_ms = [s.latency_ms or 0 for s in ended.samples if s.status == SampleStatus.done]
+    assert max(done_ms) < 2000  # they did not wait for the hanging one
+
+
+async def test_a_hanging_first_wave_sample_does_not_hold_the_second_wave(h: Harness) -> None:
+    """With early stopping (standard's default), the first wave is samples 0 and 1; the
+    hanging sample 1 does not keep sample 2 from starting, and once 0 and 2 agree the
+    vote is decided: the hanging sample is stopped (skipped) and the task is done."""
+    h.start_worker()
+    task = await h.submit("[[answers: 5, hang, 5]]", mode="standard", timeout_s=3)
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.done
+    assert ended.result is not None and ended.result.answer == "5"
+    statuses = [s.status for s in ended.samples]
+    assert statuses == [SampleStatus.done, SampleStatus.skipped, SampleStatus.done]
+    assert ended.finished_at is not None and ended.started_at is not None
+    assert (ended.finished_at - ended.started_at).total_seconds() < 2
+
+
+async def test_a_timed_out_sample_keeps_its_text_so_far(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(
+        scripted_step_ms=[20, 0], modes={"fast": {"sample_timeout_s": 0.4}}
+    )
+    h.start_worker()
+    task = await h.submit("[[tokens: 500]]", mode="fast", max_new_tokens=1000)
+    ended = await h.wait(task.id)
+    assert ended.status == TaskStatus.failed and ended.error is not None
+    assert ended.error.code == "timeout"
+    (sample,) = ended.samples
+    assert sample.status == SampleStatus.timeout and sample.answer is None  # not voted
+    assert sample.text and sample.text.startswith("Let me work")
+    assert 0 < sample.tokens.completion < 500
+    assert ended.usage.completion_tokens == sample.tokens.completion
+
+
+async def test_the_task_deadline_keeps_running_samples_text(
+    make_harness: Callable[..., Any],
+) -> None:
+    h: Harness = await make_harness(scripted_step_ms=[5, 0])
+    h.start_worker()
+    task = await h.submit("[[tokens: 2000]]", mode="fast", timeout_s=0.5, max_new_tokens=2000)
+    ended = await h.wait(task.id)
+    (sample,) = ended.samples
+    assert sample.status == SampleStatus.timeout and sample.finish_reason == "cancelled"
+    assert sample.text and sample.tokens.completion > 0
+
+
+async def test_static_batching_still_runs_tasks(make_harness: Callable[..., Any]) -> None:
+    h: Harness = await make_harness(batching="static", batch_max_size=4)
+    h.start_worker()
+    tasks = [await h.submit(f"q{i} [[answers: {i}]]", mode="fast") for i in range(6)]
+    for i, t in enumerate(tasks):
+        ended = await h.wait(t.id)
+        assert ended.status == TaskStatus.done and ended.result is not None
+        assert ended.result.answer == str(i)
 
 
 async def test_deadline_with_nothing_finished_fails_with_timeout(h: Harness) -> None:
@@ -280,10 +348,10 @@ async def test_too_many_attempts_fails(make_harness: Callable[..., Any]) -> None
     assert h.engine.requests == []
 
 
-async def test_poisonous_request_fails_only_its_task(h: Harness) -> None:
+async def test_a_failing_row_fails_only_its_task(h: Harness) -> None:
     h.start_worker()
     tasks = [await h.submit(f"ok {i} [[answers: {i}]]", mode="fast") for i in range(5)]
-    bad = await h.submit("[[poison]]", mode="fast")
+    bad = await h.submit("[[fail]]", mode="fast")
     for t in tasks:
         assert (await h.wait(t.id)).status == TaskStatus.done
     ended = await h.wait(bad.id)
@@ -292,15 +360,20 @@ async def test_poisonous_request_fails_only_its_task(h: Harness) -> None:
 
 async def test_bounded_tasks_in_flight(make_harness: Callable[..., Any]) -> None:
     h: Harness = await make_harness(worker_max_tasks=2)
-    worker = h.start_worker()
+    h.start_worker()
     seen: list[int] = []
-    original = h.engine.generate
+    running: list[SampleRequest] = []
+    original = h.engine.submit
 
-    async def spy(batch: Any) -> Any:
-        seen.append(worker.in_flight)
-        return await original(batch)
+    async def spy(request: SampleRequest) -> SampleOutput:
+        running.append(request)
+        seen.append(len(running))
+        try:
+            return await original(request)
+        finally:
+            running.remove(request)
 
-    h.engine.generate = spy  # type: ignore[method-assign]
+    h.engine.submit = spy  # type: ignore[method-assign]
     tasks = [await h.submit(f"[[sleep_ms: 30]] {i}", mode="fast") for i in range(6)]
     for t in tasks:
         assert (await h.wait(t.id)).status == TaskStatus.done

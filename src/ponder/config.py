@@ -11,7 +11,7 @@ import os
 import socket
 from enum import StrEnum
 from functools import lru_cache
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -205,19 +205,46 @@ class Settings(BaseSettings):
     sandbox_timeout_s: float = Field(default=5.0, gt=0, description="program/test run limit")
     sandbox_memory_mb: int = Field(default=256, ge=32, description="program/test memory limit")
 
-    # --- batcher ----------------------------------------------------------------------
-    batch_max_size: int = Field(default=8, ge=1, description="requests per engine call")
-    batch_max_wait_ms: float = Field(
-        default=50.0, ge=0, description="longest wait of the oldest buffered request"
+    # --- scheduling -------------------------------------------------------------------
+    batching: Literal["continuous", "static"] = Field(
+        default="continuous",
+        description="continuous: rows join and leave the engine's running batch at every "
+        "step; static: the DynamicBatcher runs whole batches (the old baseline)",
     )
-    batch_max_buffer: int = Field(default=1000, ge=1, description="buffered requests at most")
-    batch_max_concurrent: int = Field(default=1, ge=1, description="batches running at once")
+    engine_max_rows: int = Field(
+        default=16, ge=1, description="rows a local engine runs at once (its batch)"
+    )
+    engine_step_tokens: int = Field(
+        default=256,
+        ge=16,
+        description="prompt tokens prefilled per decode step at most; a longer prompt is "
+        "prefilled in chunks between steps",
+    )
+    engine_max_wait_ms: float = Field(
+        default=0.0,
+        ge=0,
+        description="with slots free and few rows running, wait up to this long to start "
+        "newcomers together (0: start each at the next step)",
+    )
+    engine_max_queue: int = Field(
+        default=1000, ge=1, description="rows waiting for an engine slot at most"
+    )
+    engine_prefix_cache_mb: float = Field(
+        default=64.0, ge=0, description="prompt KV caches kept for reuse (LRU), MB; 0 = off"
+    )
+    # the static batcher (PONDER_BATCHING=static)
+    batch_max_size: int = Field(default=8, ge=1, description="static: requests per engine call")
+    batch_max_wait_ms: float = Field(
+        default=50.0, ge=0, description="static: longest wait of the oldest buffered request"
+    )
+    batch_max_buffer: int = Field(default=1000, ge=1, description="static: buffered requests")
+    batch_max_concurrent: int = Field(default=1, ge=1, description="static: batches at once")
     batch_bucket_edges: Annotated[list[int], NoDecode] = Field(
         default_factory=lambda: [64, 256, 1024],
-        description="prompt-length bucket edges (tokens, or characters without a tokenizer)",
+        description="static: prompt-length bucket edges (tokens, or characters)",
     )
     batch_adaptive: bool = Field(
-        default=True, description="dispatch early when a full batch is not expected in time"
+        default=True, description="static: dispatch early when a full batch is not expected"
     )
 
     # --- engine -----------------------------------------------------------------------
@@ -244,9 +271,12 @@ class Settings(BaseSettings):
     openai_model: str = Field(default="", description="openai engine: model name to ask for")
     openai_timeout_s: float = Field(default=120.0, gt=0)
     openai_max_retries: int = Field(default=3, ge=0)
-    scripted_batch_ms: Annotated[list[float], NoDecode] = Field(
+    openai_max_concurrency: int = Field(
+        default=64, ge=1, description="openai engine: requests in flight at most"
+    )
+    scripted_step_ms: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: [0.0, 0.0],
-        description="scripted engine latency per batch: base,per_item (ms)",
+        description="scripted engine latency per step: base,per_row (ms)",
     )
 
     # --- result channels: events and webhooks ------------------------------------------
@@ -288,7 +318,7 @@ class Settings(BaseSettings):
 
     @field_validator(
         "priority_quotas",
-        "scripted_batch_ms",
+        "scripted_step_ms",
         "batch_bucket_edges",
         "webhook_retry_s",
         mode="before",
@@ -304,11 +334,11 @@ class Settings(BaseSettings):
             raise ValueError(f"give {NUM_PRIORITIES} positive integers, e.g. 4,3,2,2,1,1")
         return value
 
-    @field_validator("scripted_batch_ms")
+    @field_validator("scripted_step_ms")
     @classmethod
     def _check_latency(cls, value: list[float]) -> list[float]:
         if len(value) != 2 or any(v < 0 for v in value):
-            raise ValueError("give two non-negative numbers: base_ms,per_item_ms, e.g. 200,6.7")
+            raise ValueError("give two non-negative numbers: base_ms,per_row_ms, e.g. 20,1.5")
         return value
 
     @field_validator("batch_bucket_edges")

@@ -9,6 +9,7 @@ from __future__ import annotations
 __all__ = [
     "BatcherFull",
     "ConfigError",
+    "EngineBusy",
     "EngineDeadError",
     "EngineError",
     "IdempotencyConflict",
@@ -44,8 +45,12 @@ class QueueFull(RecoverableError):
         self.limit = limit
 
 
-class BatcherFull(RecoverableError):
-    """The batcher's buffer is at its limit; the caller should back off and retry."""
+class EngineBusy(RecoverableError):
+    """A queue in front of the engine is at its limit; the caller should back off and retry."""
+
+
+class BatcherFull(EngineBusy):
+    """The static batcher's buffer is at its limit; the caller should back off and retry."""
 
 
 class IdempotencyConflict(PonderError):
@@ -61,4 +66,5 @@ class EngineError(RecoverableError):
 
 
 class EngineDeadError(PonderError):
-    """The engine cannot serve any more requests (model failed to load, process died)."""
+    """The engine cannot serve any more requests: its model thread ended, it was closed,
+    or its upstream refuses its credentials. Every waiting and later request fails."""

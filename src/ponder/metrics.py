@@ -33,7 +33,21 @@ TOKENS_GENERATED = Counter(
     "ponder_completion_tokens_total", "Completion tokens generated", registry=REGISTRY
 )
 ENGINE_TOKENS_PER_S = Gauge(
-    "ponder_engine_tokens_per_second", "Completion tokens/s of the last batch", registry=REGISTRY
+    "ponder_engine_tokens_per_second",
+    "Completion tokens/s of the engine (over the last second of steps, or the last batch)",
+    registry=REGISTRY,
+)
+ENGINE_ROWS = Gauge(
+    "ponder_engine_rows",
+    "Rows in a local engine by state (running, prefilling, queued)",
+    ["state"],
+    registry=REGISTRY,
+)
+ENGINE_QUEUE_WAIT = Histogram(
+    "ponder_engine_queue_wait_seconds",
+    "Time a row waited in the engine's admission queue before it started",
+    buckets=_LATENCY_BUCKETS,
+    registry=REGISTRY,
 )
 BATCH_SIZE = Histogram(
     "ponder_batch_size",

@@ -1,5 +1,11 @@
-"""The worker side of a process: engine, batcher and worker loops, started and stopped
-together. Used by ``ponder worker`` and by the all-in-one ``ponder serve``."""
+"""The worker side of a process: engine, worker loops (and, for the static baseline, the
+batcher), started and stopped together. Used by ``ponder worker`` and ``ponder serve``.
+
+With ``PONDER_BATCHING=continuous`` (the default) the workers hand each sample straight
+to the engine, which schedules rows per step. ``static`` puts the
+:class:`~ponder.batcher.DynamicBatcher` in front of it: whole batches, each held until its
+slowest row ends — kept as the baseline that benchmarks compare against.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +15,10 @@ import logging
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
+from ponder.errors import ConfigError
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
-from ponder.worker import Worker
+from ponder.worker import SampleRunner, Worker
 
 __all__ = ["WorkerRuntime"]
 
@@ -19,7 +26,8 @@ log = logging.getLogger("ponder.worker")
 
 
 class WorkerRuntime:
-    """Owns one engine, one batcher in front of it and ``workers`` worker loops."""
+    """Owns one engine (with the static batcher in front when configured) and ``workers``
+    worker loops."""
 
     def __init__(self, settings: Settings, store: TaskStore, *, workers: int = 1) -> None:
         if workers < 1:
@@ -27,12 +35,23 @@ class WorkerRuntime:
         self.settings = settings
         self.store = store
         self.engine = create_engine(settings)
-        self.batcher = DynamicBatcher.from_settings(self.engine, settings)
+        self.batcher: DynamicBatcher | None = None
+        runner: SampleRunner = self.engine
+        if settings.batching == "static":
+            rows = settings.batch_max_size * settings.batch_max_concurrent
+            if rows > settings.engine_max_rows and self.engine.name != "openai":
+                raise ConfigError(
+                    f"static batching runs batches of up to {rows} rows (PONDER_BATCH_MAX_SIZE "
+                    f"x PONDER_BATCH_MAX_CONCURRENT), more than PONDER_ENGINE_MAX_ROWS="
+                    f"{settings.engine_max_rows}: raise PONDER_ENGINE_MAX_ROWS"
+                )
+            self.batcher = DynamicBatcher.from_settings(self.engine, settings)
+            runner = self.batcher
         self.webhooks = WebhookSender(store, settings)
         self.workers = [
             Worker(
                 store,
-                self.batcher,
+                runner,
                 settings,
                 worker_id=f"{settings.node_id}-w{i}",
                 webhooks=self.webhooks,
@@ -43,13 +62,15 @@ class WorkerRuntime:
 
     async def start(self) -> None:
         await self.engine.start()
-        await self.batcher.start()
+        if self.batcher is not None:
+            await self.batcher.start()
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
         log.info(
-            "%d worker(s) running engine %r (%s)",
+            "%d worker(s) running engine %r (%s), %s batching",
             len(self.workers),
             self.engine.name,
             self.engine.model_name,
+            self.settings.batching,
         )
 
     async def wait(self) -> None:
@@ -65,5 +86,6 @@ class WorkerRuntime:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("worker loop ended with an error", exc_info=result)
         await self.webhooks.close()
-        await self.batcher.close()
+        if self.batcher is not None:
+            await self.batcher.close()
         await self.engine.close()

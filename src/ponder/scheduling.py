@@ -1,7 +1,8 @@
 """Weighted fair share across priority levels (0 is the most urgent).
 
-Used twice: by the worker to decide which priority queue to claim from next, and by the
-batcher to fill a batch when more requests wait than fit. Both rest on one smooth
+Used three times: by the worker to decide which priority queue to claim from next, by the
+engines' :class:`AdmissionQueue` to admit waiting rows when a slot frees, and by the
+static batcher to fill a batch when more requests wait than fit. All rest on one smooth
 weighted round-robin (the nginx algorithm): every slot, each candidate level earns its
 quota in credit, the richest level wins the slot and pays the total quota of the
 candidates. Over a cycle of ``sum(quotas)`` slots with every level busy, level *i* wins
@@ -11,9 +12,14 @@ cannot starve the least urgent level: it still wins one slot in every cycle.
 
 from __future__ import annotations
 
+import itertools
+import threading
 from collections.abc import Mapping, Sequence
+from typing import Generic, Protocol, TypeVar
 
-__all__ = ["WeightedFairPicker"]
+from ponder.errors import EngineBusy
+
+__all__ = ["AdmissionQueue", "Queued", "WeightedFairPicker"]
 
 
 class WeightedFairPicker:
@@ -21,7 +27,7 @@ class WeightedFairPicker:
 
     ``quotas[i]`` is level *i*'s share weight (a positive integer). The picker keeps one
     credit per level between calls, so shares converge to the quotas across calls, not
-    just inside one call. Not thread-safe; use one picker per event loop.
+    just inside one call. Not thread-safe: one owner (an event loop, or a lock) per picker.
     """
 
     def __init__(self, quotas: Sequence[int]) -> None:
@@ -105,3 +111,89 @@ class WeightedFairPicker:
         for level in candidates:
             self._credit[level] = max(-self._total, min(self._total, self._credit[level]))
         return best
+
+
+class Queued(Protocol):
+    """What :class:`AdmissionQueue` needs of an item."""
+
+    priority: int
+    #: when it was queued (the queue's clock)
+    arrival: float
+
+
+_Q = TypeVar("_Q", bound=Queued)
+
+
+class AdmissionQueue(Generic[_Q]):
+    """Items waiting for an engine slot, one FIFO per priority, taken by weighted fair share.
+
+    Thread-safe: an event loop puts and discards while an engine thread takes. ``put``
+    raises :class:`~ponder.errors.EngineBusy` past ``max_size`` items.
+    """
+
+    def __init__(self, quotas: Sequence[int], max_size: int) -> None:
+        if isinstance(max_size, bool) or not isinstance(max_size, int) or max_size < 1:
+            raise ValueError(f"max_size must be a positive integer, got {max_size!r}")
+        self._picker = WeightedFairPicker(quotas)
+        self._levels: list[dict[_Q, None]] = [{} for _ in range(self._picker.levels)]
+        self._max_size = max_size
+        self._size = 0
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return self._size
+
+    def put(self, item: _Q) -> None:
+        """Queue ``item`` behind the others of its priority."""
+        if not 0 <= item.priority < self._picker.levels:
+            raise ValueError(f"priority must be 0..{self._picker.levels - 1}, got {item.priority}")
+        with self._lock:
+            if self._size >= self._max_size:
+                raise EngineBusy(
+                    f"the engine's admission queue is full ({self._size} rows waiting, "
+                    f"PONDER_ENGINE_MAX_QUEUE={self._max_size}); back off and retry"
+                )
+            self._levels[item.priority][item] = None
+            self._size += 1
+
+    def discard(self, item: _Q) -> bool:
+        """Remove ``item`` if it still waits; whether it did."""
+        with self._lock:
+            level = self._levels[item.priority]
+            if item not in level:
+                return False
+            del level[item]
+            self._size -= 1
+            return True
+
+    def take(self, k: int) -> list[_Q]:
+        """Up to ``k`` items by weighted fair share: most urgent level first, oldest first."""
+        with self._lock:
+            counts = self._picker.pick({p: len(lv) for p, lv in enumerate(self._levels)}, k)
+            taken: list[_Q] = []
+            for level, count in zip(self._levels, counts, strict=True):
+                for item in list(itertools.islice(level, count)):
+                    del level[item]
+                    taken.append(item)
+            self._size -= len(taken)
+            return taken
+
+    def drain(self) -> list[_Q]:
+        """Every waiting item, removed."""
+        with self._lock:
+            items = [item for level in self._levels for item in level]
+            for level in self._levels:
+                level.clear()
+            self._size = 0
+            return items
+
+    def oldest_arrival(self) -> float | None:
+        """When the longest-waiting item arrived (None when empty)."""
+        with self._lock:
+            heads = [next(iter(level)).arrival for level in self._levels if level]
+            return min(heads) if heads else None
+
+    def depths(self) -> list[int]:
+        """How many wait at each priority."""
+        with self._lock:
+            return [len(level) for level in self._levels]

@@ -1,10 +1,10 @@
 """The worker: claim tasks fairly across priorities, run their samples, finish them.
 
-A task becomes samples; samples (not tasks) go through the batcher, so one engine call
-mixes samples of many tasks. Only workers move a task forward (pending → running → an
-end); every write is a compare-and-set on the task's revision, so a cancel by the API is
-never overwritten: the worker sees it at the next sample boundary (or the next watch
-tick) and stops using the engine for that task.
+A task becomes samples; each sample is one row handed to the engine (which runs rows of
+many tasks in one batch, joining and leaving per step). Only workers move a task forward
+(pending → running → an end); every write is a compare-and-set on the task's revision,
+so a cancel by the API is never overwritten: the worker sees it at the next sample
+boundary (or the next watch tick) and stops using the engine for that task.
 """
 
 from __future__ import annotations
@@ -30,7 +30,13 @@ from ponder.enhance.strategy import (
     resolve_task_type,
     sample_messages,
 )
-from ponder.errors import BatcherFull, EngineError, RecoverableError, StoreUnavailable
+from ponder.errors import (
+    EngineBusy,
+    EngineDeadError,
+    EngineError,
+    RecoverableError,
+    StoreUnavailable,
+)
 from ponder.scheduling import WeightedFairPicker
 from ponder.states import check_transition, is_terminal
 from ponder.store.base import Claim, TaskStore
@@ -54,10 +60,12 @@ log = logging.getLogger("ponder.worker")
 _BACKOFF_MAX_S = 2.0
 #: compare-and-set retries of one task write when only webhook records changed under it
 _SAVE_RETRIES = 5
+#: after a task's deadline, how long its running samples get to return their text so far
+_DEADLINE_GRACE_S = 2.0
 
 
 class SampleRunner(Protocol):
-    """What the worker needs from the batcher: run one sample request."""
+    """What the worker needs from the engine (or the static batcher): run one row."""
 
     async def submit(self, request: SampleRequest) -> SampleOutput: ...
 
@@ -249,6 +257,11 @@ class Worker:
                 if job is not None and job.cancelling():
                     raise  # shutdown
                 finished = True  # the cancel watch stopped a task the client cancelled
+            except EngineDeadError as e:
+                # the task is not at fault: release it for a worker whose engine works
+                log.error("task %s released: %s; this worker stops claiming", claim.task_id, e)
+                self.stop()
+                return
             self._free_slot(flight)
             if finished and run.has_callback and self.webhooks is not None:
                 task = await self.store.get_task(claim.task_id)
@@ -284,6 +297,9 @@ class TaskRun:
         self.claim = claim
         self.task: Task
         self._stored: tuple[TaskStatus, int] = (TaskStatus.pending, 0)
+        #: the engine rows of the running samples, by sample index
+        self._rows: dict[int, SampleRequest] = {}
+        self._deadline_passed = False
 
     @property
     def mode(self) -> ModeConfig:
@@ -316,7 +332,7 @@ class TaskRun:
         except TaskAbandoned:
             fresh = await self.store.get_task(self.claim.task_id)
             return fresh is None or is_terminal(fresh.status)
-        except (asyncio.CancelledError, StoreUnavailable):
+        except (asyncio.CancelledError, StoreUnavailable, EngineDeadError):
             raise
         except Exception as e:  # an unexpected bug must still end the task
             log.exception("task %s failed unexpectedly", self.task.id)
@@ -418,22 +434,40 @@ class TaskRun:
                     for sample in queued:
                         sample.status = SampleStatus.skipped
                     queued.clear()
-                elif not jobs:
-                    launch(len(queued))  # the first wave left the vote open
-                else:  # replace the wave's failed samples at once
-                    launch(wave - self._answered() - len(jobs))
+                else:
+                    # the vote is open: keep a wave's worth of samples running, so a slow
+                    # (or hanging) sample does not hold back the next ones
+                    launch(wave - len(jobs))
                 self._count()
                 await self._save(events)
                 if task.callback is not None and any(e[0] == "preliminary" for e in events):
                     self.worker.spawn_delivery(task.id, "task.preliminary")
         finally:
-            for job in jobs:
-                job.cancel()
-            await asyncio.gather(*jobs, *stopped, return_exceptions=True)
+            await self._end_jobs(jobs)
+            await asyncio.gather(*stopped, return_exceptions=True)
         for sample in task.samples:  # the task deadline passed before these ended
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(code="timeout", message="the task deadline passed")
+
+    async def _end_jobs(self, jobs: dict[asyncio.Task[None], Sample]) -> None:
+        """At the task deadline, stop the running rows and keep what they wrote so far.
+
+        Each row is cancelled on the engine, which returns its text so far at the next step;
+        the samples end ``timeout`` with that text. Rows that do not return within a grace
+        period are abandoned.
+        """
+        if not jobs:
+            return
+        self._deadline_passed = True
+        for sample in jobs.values():
+            row = self._rows.get(sample.index)
+            if row is not None:
+                row.cancel()
+        _, late = await asyncio.wait(jobs, timeout=_DEADLINE_GRACE_S)
+        for job in late:
+            job.cancel()
+        await asyncio.gather(*jobs, return_exceptions=True)
 
     @staticmethod
     def _collect(jobs: dict[asyncio.Task[None], Sample]) -> list[tuple[str, dict[str, Any]]]:
@@ -449,9 +483,6 @@ class TaskRun:
         equivalence (math-verify) can take a while and must not block the event loop."""
         snapshot = [s.model_copy() for s in self.task.samples]
         return await asyncio.to_thread(fn, snapshot, *args, **kwargs)
-
-    def _answered(self) -> int:
-        return sum(s.status == SampleStatus.done for s in self.task.samples)
 
     def _ran(self) -> int:
         """Samples already finished (a reclaimed task keeps them) count toward the wave."""
@@ -482,41 +513,57 @@ class TaskRun:
             if promoted
             else task.priority,
             task_id=task.id,
+            timeout_s=task.sample_timeout_s,
         )
+        self._rows[sample.index] = request
         started = time.monotonic()
         try:
-            output = await asyncio.wait_for(self._submit(request), task.sample_timeout_s)
-        except TimeoutError:
-            request.cancel()
-            sample.status = SampleStatus.timeout
-            sample.error = TaskError(
-                code="timeout", message=f"the sample took over {task.sample_timeout_s:g}s"
-            )
+            output = await self._submit(request)
         except EngineError as e:
             sample.status = SampleStatus.error
             sample.error = TaskError(code="engine_error", message=str(e))
-        except asyncio.CancelledError:
-            request.cancel()
-            raise
         else:
-            sample.text = output.text
-            sample.tokens = Tokens(prompt=output.prompt_tokens, completion=output.completion_tokens)
-            sample.finish_reason = output.finish_reason
-            sample.mean_logprob = output.mean_logprob
-            metrics.TOKENS_GENERATED.inc(output.completion_tokens)
-            await judge_sample(sample, task, self.settings)
-            sample.status = SampleStatus.done
+            self._record(sample, output)
+            if output.finish_reason == "timeout":
+                sample.status = SampleStatus.timeout
+                sample.error = TaskError(
+                    code="timeout",
+                    message=f"the sample ran over {task.sample_timeout_s:g}s on the engine",
+                )
+            elif output.finish_reason == "cancelled" and self._deadline_passed:
+                sample.status = SampleStatus.timeout
+                sample.error = TaskError(code="timeout", message="the task deadline passed")
+            elif output.finish_reason == "cancelled":
+                sample.status = SampleStatus.cancelled
+            else:
+                await judge_sample(sample, task, self.settings)
+                sample.status = SampleStatus.done
+        finally:
+            self._rows.pop(sample.index, None)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)
 
+    @staticmethod
+    def _record(sample: Sample, output: SampleOutput) -> None:
+        """The engine's output on the sample (a timed-out one keeps its text so far)."""
+        sample.text = output.text
+        sample.tokens = Tokens(prompt=output.prompt_tokens, completion=output.completion_tokens)
+        sample.finish_reason = output.finish_reason
+        sample.mean_logprob = output.mean_logprob
+        metrics.TOKENS_GENERATED.inc(output.completion_tokens)
+
     async def _submit(self, request: SampleRequest) -> SampleOutput:
-        """Submit to the batcher, backing off while its buffer is full."""
+        """Hand one row to the engine, backing off while its queue is full.
+
+        The engine enforces ``request.timeout_s`` from the row's start; the task deadline
+        (see :meth:`_run_samples`) bounds the rest. CancelledError cancels the row.
+        """
         delay_s = 0.01
         while True:
             try:
                 return await self.worker.runner.submit(request)
-            except BatcherFull:
+            except EngineBusy:
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
 
@@ -561,11 +608,13 @@ class TaskRun:
             max_new_tokens=64,
             priority=self.task.priority,
             task_id=self.task.id,
+            timeout_s=self.task.sample_timeout_s,
         )
         try:
-            output = await asyncio.wait_for(self._submit(request), self.task.sample_timeout_s)
-        except (TimeoutError, EngineError):
-            request.cancel()
+            output = await self._submit(request)
+        except EngineError:
+            return fallback
+        if output.finish_reason not in ("stop", "length"):
             return fallback
         return output.text.strip() or fallback
 

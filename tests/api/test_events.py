@@ -107,7 +107,7 @@ async def test_sse_replays_a_finished_task_and_resumes_after_any_id(
 async def test_sse_client_disconnects_midway_and_resumes(settings: Settings) -> None:
     """One sample at a time: the client leaves after the first one, resumes, and gets
     every later event exactly once."""
-    slow = settings.model_copy(update={"batch_max_size": 1})
+    slow = settings.model_copy(update={"engine_max_rows": 1})
     async with LiveServer(slow, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
         body = {"prompt": "[[answers: 1, 2, 3, 4, 5]] [[sleep_ms: 60]]", "samples": 5}
         task = (await c.post("/v1/tasks", json=body)).json()

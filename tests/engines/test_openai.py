@@ -23,7 +23,7 @@ from ponder.config import load_settings
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.openai import OpenAIEngine
 from ponder.engines.transformers import TransformersEngine
-from ponder.errors import ConfigError, EngineError
+from ponder.errors import ConfigError, EngineDeadError, EngineError
 
 pytestmark = pytest.mark.model
 
@@ -187,9 +187,11 @@ async def test_rows_sharing_a_prompt_go_as_one_request_with_n(
     engine: OpenAIEngine, server: CompatServer
 ) -> None:
     rows = [
-        SampleRequest(prompt=HAIKU, temperature=1.0, seed=5, max_new_tokens=8) for _ in range(3)
+        SampleRequest(prompt=HAIKU, temperature=1.0, seed=5, max_new_tokens=8, task_id="t1")
+        for _ in range(3)
     ]
-    results = [ok(r) for r in await engine.generate([*rows, SampleRequest(prompt=CAPITAL)])]
+    other = SampleRequest(prompt=CAPITAL, task_id="t2")
+    results = [ok(r) for r in await engine.generate([*rows, other])]
     assert sorted(b.get("n", 1) for b in server.bodies) == [1, 3]
     assert engine.supports_n is True
     assert len({r.text for r in results[:3]}) > 1  # n samples, not one copied
@@ -203,7 +205,10 @@ async def test_a_server_ignoring_n_gets_one_request_per_row(
     engine: OpenAIEngine, server: CompatServer
 ) -> None:
     server.supports_n = False
-    rows = [SampleRequest(prompt=HAIKU, temperature=1.0, max_new_tokens=4) for _ in range(3)]
+    rows = [
+        SampleRequest(prompt=HAIKU, temperature=1.0, max_new_tokens=4, task_id="t1")
+        for _ in range(3)
+    ]
     assert all(isinstance(r, SampleOutput) for r in await engine.generate(rows))
     assert [b.get("n", 1) for b in server.bodies] == [3, 1, 1]
     assert engine.supports_n is False
@@ -261,6 +266,45 @@ async def test_a_row_cancelled_in_flight_returns_at_once(
     row.cancel()
     (result,) = await call
     assert ok(result).finish_reason == "cancelled"
+
+
+async def test_each_row_is_delivered_when_its_own_request_returns(engine: OpenAIEngine) -> None:
+    story = "Write a long story about a brave dragon."
+    long = asyncio.create_task(engine.submit(SampleRequest(prompt=story, max_new_tokens=48)))
+    short = asyncio.create_task(engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=3)))
+    done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {short}
+    assert ok(await long).completion_tokens == 48
+
+
+async def test_requests_in_flight_are_bounded(
+    compat_server: tuple[CompatServer, str], server: CompatServer
+) -> None:
+    engine = make_engine(compat_server[1], openai_max_concurrency=2)
+    try:
+        rows = [SampleRequest(prompt=f"{CAPITAL} ({i})", max_new_tokens=2) for i in range(5)]
+        results = await asyncio.gather(*(engine.submit(r) for r in rows))
+    finally:
+        await engine.close()
+    assert [ok(r).completion_tokens for r in results] == [2] * 5
+    assert engine.peak_in_flight == 2
+    assert len(server.bodies) == 5
+
+
+async def test_a_row_over_its_time_limit_ends_timeout(engine: OpenAIEngine) -> None:
+    result = await engine.submit(SampleRequest(prompt=HAIKU, max_new_tokens=64, timeout_s=0.05))
+    assert result.finish_reason == "timeout"
+
+
+async def test_refused_credentials_kill_the_engine(
+    engine: OpenAIEngine, server: CompatServer
+) -> None:
+    server.fail_with = [401]
+    with pytest.raises(EngineDeadError, match="PONDER_OPENAI_API_KEY"):
+        await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=2))
+    with pytest.raises(EngineDeadError):
+        await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=2))
+    assert len(server.bodies) == 1
 
 
 def test_the_model_name_is_required() -> None:

@@ -1,17 +1,29 @@
+"""The scripted engine: directives, its step latency model, and the continuous loop it
+shares with the local model engine (rows join and leave per step, admission by priority)."""
+
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import AsyncIterator
 
 import pytest
 
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.scripted import ScriptedEngine, parse_directives
-from ponder.errors import EngineError
+from ponder.engines.scripted import DEFAULT_TOKENS, ScriptedEngine, parse_directives
+from ponder.errors import EngineBusy, EngineDeadError, EngineError
 
 
-def req(prompt: str, index: int = 0) -> SampleRequest:
-    return SampleRequest(prompt=prompt, sample_index=index)
+def req(prompt: str, index: int = 0, **kwargs: object) -> SampleRequest:
+    return SampleRequest(prompt=prompt, sample_index=index, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.fixture
+async def engine() -> AsyncIterator[ScriptedEngine]:
+    e = ScriptedEngine()
+    await e.start()
+    yield e
+    await e.close()
 
 
 def test_parse_directives() -> None:
@@ -22,25 +34,23 @@ def test_parse_directives() -> None:
     }
 
 
-async def test_answers_cycle_per_sample_index() -> None:
-    engine = ScriptedEngine()
+async def test_answers_cycle_per_sample_index(engine: ScriptedEngine) -> None:
     prompt = "q [[answers: 42, 42, 17]]"
     out = await engine.generate([req(prompt, i) for i in range(4)])
     texts = [o.text for o in out if isinstance(o, SampleOutput)]
     assert [t.rsplit(" ", 1)[-1] for t in texts] == ["42.", "42.", "17.", "42."]
     assert all(t.startswith("Let me work through this") for t in texts)
+    assert all(o.completion_tokens == DEFAULT_TOKENS for o in out if isinstance(o, SampleOutput))
 
 
-async def test_default_answer_is_stable_and_prompt_dependent() -> None:
-    engine = ScriptedEngine()
+async def test_default_answer_is_stable_and_prompt_dependent(engine: ScriptedEngine) -> None:
     a1, a2, b = await engine.generate([req("alpha"), req("alpha"), req("beta")])
     assert isinstance(a1, SampleOutput) and isinstance(a2, SampleOutput)
     assert isinstance(b, SampleOutput)
     assert a1.text == a2.text != b.text
 
 
-async def test_fail_values_fail_only_their_sample() -> None:
-    engine = ScriptedEngine()
+async def test_fail_values_fail_only_their_sample(engine: ScriptedEngine) -> None:
     out = await engine.generate([req("[[answers: 1, fail]]", 0), req("[[answers: 1, fail]]", 1)])
     assert isinstance(out[0], SampleOutput)
     assert isinstance(out[1], EngineError)
@@ -48,32 +58,162 @@ async def test_fail_values_fail_only_their_sample() -> None:
     assert isinstance(out[0], EngineError) and isinstance(out[1], SampleOutput)
 
 
-async def test_poison_fails_the_whole_batch() -> None:
-    with pytest.raises(EngineError):
-        await ScriptedEngine().generate([req("ok"), req("[[poison]]")])
+async def test_a_directive_that_is_not_a_number_fails_its_row(engine: ScriptedEngine) -> None:
+    with pytest.raises(EngineError, match="needs a number"):
+        await engine.submit(req("[[tokens: many]]"))
+    assert (await engine.submit(req("fine"))).finish_reason == "stop"
 
 
-async def test_hang_returns_only_when_cancelled() -> None:
-    engine = ScriptedEngine()
+async def test_hang_returns_only_when_cancelled(engine: ScriptedEngine) -> None:
     r = req("[[hang]]")
-    call = asyncio.create_task(engine.generate([r]))
+    call = asyncio.create_task(engine.submit(r))
     done, _ = await asyncio.wait({call}, timeout=0.05)
     assert not done
     r.cancel()
-    (out,) = await asyncio.wait_for(call, 1)
-    assert isinstance(out, SampleOutput) and out.finish_reason == "cancelled"
+    out = await asyncio.wait_for(call, 1)
+    assert out.finish_reason == "cancelled"
 
 
-async def test_latency_model_per_batch() -> None:
-    engine = ScriptedEngine(batch_ms=(30, 5))
-    assert engine.batch_latency_s(4) == pytest.approx(0.05)
-    start = time.monotonic()
-    await engine.generate([req("a"), req("b"), req("c"), req("d")])
-    assert time.monotonic() - start >= 0.05
-    assert engine.batch_sizes == [4]
+async def test_a_row_over_its_limit_returns_its_text_so_far() -> None:
+    engine = ScriptedEngine(step_ms=(10, 0))
+    try:
+        out = await asyncio.wait_for(
+            engine.submit(req("[[tokens: 500]]", timeout_s=0.2, max_new_tokens=1000)), 5
+        )
+    finally:
+        await engine.close()
+    assert out.finish_reason == "timeout"
+    assert 5 <= out.completion_tokens < 500
+    assert out.text.startswith("Let me work") and len(out.text.split()) == out.completion_tokens
 
 
-async def test_sleep_ms_directive() -> None:
-    start = time.monotonic()
-    await ScriptedEngine().generate([req("[[sleep_ms: 40]]")])
-    assert time.monotonic() - start >= 0.04
+async def test_tokens_directive_sets_the_length_and_max_new_tokens_cuts_it(
+    engine: ScriptedEngine,
+) -> None:
+    out = await engine.submit(req("[[tokens: 30]] [[answers: 9]]"))
+    assert out.completion_tokens == 30 and out.text.endswith("The answer is 9.")
+    cut = await engine.submit(req("[[tokens: 30]]", max_new_tokens=7))
+    assert (cut.completion_tokens, cut.finish_reason) == (7, "length")
+
+
+async def test_text_streams_word_by_word(engine: ScriptedEngine) -> None:
+    pieces: list[str] = []
+    out = await engine.submit(req("[[tokens: 6]] [[answers: 3]]", on_text=pieces.append))
+    assert "".join(pieces) == out.text
+    assert len(pieces) >= 2  # one piece per step, coalesced only within a step
+
+
+async def test_step_latency_model() -> None:
+    engine = ScriptedEngine(step_ms=(30, 5))
+    assert engine.step_latency_s(4) == pytest.approx(0.05)
+    try:
+        start = time.monotonic()
+        await engine.generate([req(f"[[tokens: 2]] {i}") for i in range(4)])
+        elapsed = time.monotonic() - start
+    finally:
+        await engine.close()
+    # two steps of four rows (the rows may start one step apart: at most three steps)
+    assert elapsed >= 0.1
+    assert engine.stats.rows_stepped == 8
+
+
+async def test_sleep_ms_delays_only_its_own_row() -> None:
+    engine = ScriptedEngine(step_ms=(1, 0))
+    try:
+        slow = asyncio.create_task(engine.submit(req("[[sleep_ms: 300]] [[tokens: 2]]")))
+        await asyncio.sleep(0.01)
+        start = time.monotonic()
+        await engine.submit(req("[[tokens: 5]]"))
+        fast_s = time.monotonic() - start
+        assert not slow.done()
+        await slow
+        assert time.monotonic() - start >= 0.25
+    finally:
+        await engine.close()
+    assert fast_s < 0.25  # it did not wait for the sleeping row
+
+
+async def test_a_short_row_beside_a_long_one_ends_first() -> None:
+    engine = ScriptedEngine(step_ms=(2, 0))
+    try:
+        long = asyncio.create_task(engine.submit(req("[[tokens: 400]]", max_new_tokens=1000)))
+        await asyncio.sleep(0.05)
+        short = asyncio.create_task(engine.submit(req("[[tokens: 4]]")))
+        done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {short}
+        assert (await long).completion_tokens == 400
+    finally:
+        await engine.close()
+    assert engine.stats.joined_running >= 1  # the short row joined the running batch
+
+
+async def test_a_cancelled_row_frees_its_slot_within_one_step() -> None:
+    engine = ScriptedEngine(step_ms=(5, 0), max_rows=1)
+    try:
+        first = req("[[tokens: 10000]]", max_new_tokens=10000)
+        running = asyncio.create_task(engine.submit(first))
+        await asyncio.sleep(0.05)
+        waiting = asyncio.create_task(engine.submit(req("[[tokens: 1]]")))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()  # no slot
+        steps = engine.stats.steps
+        first.cancel()
+        await asyncio.wait_for(waiting, 2)
+        assert engine.stats.steps - steps <= 3  # the retiring step, the waiting row's step
+        assert (await running).finish_reason == "cancelled"
+    finally:
+        await engine.close()
+
+
+async def test_a_priority_0_flood_does_not_starve_priority_5() -> None:
+    engine = ScriptedEngine(step_ms=(1, 0), max_rows=2, max_queue=200)
+    order: list[int] = []
+
+    async def one(priority: int) -> None:
+        await engine.submit(req("[[tokens: 1]]", priority=priority))
+        order.append(priority)
+
+    try:
+        blocker = req("[[tokens: 10000]]", max_new_tokens=10000)
+        blocking = asyncio.create_task(engine.submit(blocker))
+        await asyncio.sleep(0.05)
+        jobs = [asyncio.create_task(one(0)) for _ in range(60)]
+        jobs += [asyncio.create_task(one(5)) for _ in range(5)]
+        await asyncio.wait_for(asyncio.gather(*jobs), 20)
+        blocker.cancel()
+        await blocking
+    finally:
+        await engine.close()
+    # with quotas 4,3,2,2,1,1 priority 5 gets 1 of every 5 slots while both wait
+    assert max(i for i, p in enumerate(order) if p == 5) < 40  # strict priority: >= 60
+
+
+async def test_the_admission_queue_is_bounded() -> None:
+    engine = ScriptedEngine(step_ms=(2, 0), max_rows=1, max_queue=2)
+    running = asyncio.Event()
+    first = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: running.set())
+    rows = [first] + [req("[[hang]]") for _ in range(3)]
+    try:
+        tasks = [asyncio.create_task(engine.submit(first))]
+        await asyncio.wait_for(running.wait(), 5)  # the one slot is taken
+        tasks += [asyncio.create_task(engine.submit(r)) for r in rows[1:3]]
+        await asyncio.sleep(0)  # both queued
+        with pytest.raises(EngineBusy, match="PONDER_ENGINE_MAX_QUEUE"):
+            await engine.submit(rows[3])
+        for r in rows:
+            r.cancel()
+        outs = await asyncio.wait_for(asyncio.gather(*tasks), 2)
+        assert {o.finish_reason for o in outs} == {"cancelled"}
+    finally:
+        await engine.close()
+
+
+async def test_closing_fails_waiting_rows_and_later_submits() -> None:
+    engine = ScriptedEngine()
+    call = asyncio.create_task(engine.submit(req("[[hang]]")))
+    await asyncio.sleep(0.05)
+    await engine.close()
+    with pytest.raises(EngineDeadError):
+        await call
+    with pytest.raises(EngineDeadError):
+        await engine.submit(req("x"))

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import hashlib
 import math
 import threading
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 
@@ -130,54 +132,145 @@ async def test_cancelling_a_row_mid_generation_stops_it_alone(
     assert outputs[0].completion_tokens == 12
 
 
-async def test_a_cancelled_call_stops_computing_its_batch(
+async def test_a_cancelled_call_stops_computing_its_row(
     model_engine: TransformersEngine,
 ) -> None:
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[object]] = []
     cancel_the_call = ActOnCheck(3, lambda: loop.call_soon_threadsafe(tasks[0].cancel))
-    before = model_engine.stats.decoded_rows
+    before = model_engine.stats.rows_stepped
     tasks.append(
         asyncio.create_task(
-            model_engine.generate(
-                [SampleRequest(prompt=STORY, max_new_tokens=64, cancelled=cancel_the_call)]
+            model_engine.submit(
+                SampleRequest(prompt=STORY, max_new_tokens=64, cancelled=cancel_the_call)
             )
         )
     )
     with pytest.raises(asyncio.CancelledError):
         await tasks[0]
-    # the worker thread runs one batch at a time: this one waits for the abandoned one
     await run(model_engine, greedy("Hi", 1))
-    assert model_engine.stats.decoded_rows - before < 63
+    assert model_engine.stats.rows_stepped - before < 63
 
 
-async def test_a_row_cancelled_before_the_batch_costs_nothing(
+async def test_a_row_cancelled_before_it_starts_costs_nothing(
     model_engine: TransformersEngine,
 ) -> None:
     request = greedy(CAPITAL)
     request.cancel()
-    before = model_engine.stats
+    before = copy.copy(model_engine.stats)
     (output,) = await run(model_engine, request)
     assert (output.finish_reason, output.completion_tokens) == ("cancelled", 0)
     assert model_engine.stats == before
 
 
 async def test_finished_rows_leave_the_batch(model_engine: TransformersEngine) -> None:
-    before = model_engine.stats
+    before = model_engine.stats.rows_stepped
     await run(model_engine, greedy(STORY, 2), greedy(HAIKU, 8))
     # prefill gives each row its first token; the 2-token row joins one decode step and
     # the 8-token row seven: 8 rows in all, where a fixed batch would feed 14
-    assert model_engine.stats.decoded_rows - before.decoded_rows == 8
+    assert model_engine.stats.rows_stepped - before == 8
 
 
 async def test_rows_sharing_a_prompt_prefill_it_once(model_engine: TransformersEngine) -> None:
-    rows = [greedy(HAIKU, 8), sampled(HAIKU, 1), sampled(HAIKU, 2, top_p=0.8), greedy(CAPITAL, 8)]
-    separately = [(await run(model_engine, r))[0] for r in rows]
-    before = model_engine.stats.prefilled_prompts
+    haiku, capital = f"{HAIKU} ({uuid.uuid4().hex})", f"{CAPITAL} ({uuid.uuid4().hex})"
+    rows = [greedy(haiku, 8), sampled(haiku, 1), sampled(haiku, 2, top_p=0.8), greedy(capital, 8)]
+    lengths = [model_engine.prompt_length(r) for r in (rows[0], rows[3])]
+    before = copy.copy(model_engine.stats)
     shared = await run(model_engine, *rows)
-    assert model_engine.stats.prefilled_prompts - before == 2  # HAIKU once, CAPITAL once
-    for a, b in zip(separately, shared, strict=True):
+    assert model_engine.stats.prefill_tokens - before.prefill_tokens == sum(lengths)
+    assert model_engine.stats.prefix_hits - before.prefix_hits == 2  # two rows shared haiku
+    # a later wave of the same prompt is not prefilled again (the prompt-KV cache)
+    before = copy.copy(model_engine.stats)
+    again = [(await run(model_engine, r))[0] for r in rows]
+    assert model_engine.stats.prefill_tokens == before.prefill_tokens
+    assert model_engine.stats.prefix_hits - before.prefix_hits == 4
+    for a, b in zip(shared, again, strict=True):
         same(a, b)
+
+
+async def test_greedy_text_is_the_same_alone_in_a_static_batch_and_joining_mid_run(
+    model_engine: TransformersEngine,
+) -> None:
+    alone = (await run(model_engine, greedy(CAPITAL, 16)))[0]
+    static = await run(model_engine, greedy(HAIKU, 16), greedy(CAPITAL, 16), greedy("Hi", 16))
+    streaming = asyncio.Event()
+    long = asyncio.create_task(
+        model_engine.submit(
+            SampleRequest(prompt=STORY, max_new_tokens=80, on_text=lambda _: streaming.set())
+        )
+    )
+    await asyncio.wait_for(streaming.wait(), 30)  # the long row is running
+    joined_before = model_engine.stats.joined_running
+    joining = await model_engine.submit(greedy(CAPITAL, 16))
+    assert model_engine.stats.joined_running > joined_before
+    assert not long.done()  # the short row ended while the long one ran on
+    same(alone, static[1])
+    same(alone, joining)
+    assert ok(await long).completion_tokens == 80
+
+
+async def test_a_short_answer_beside_an_essay_ends_first(model_engine: TransformersEngine) -> None:
+    essay = asyncio.create_task(model_engine.submit(greedy(STORY, 200)))
+    await asyncio.sleep(0.2)
+    short = asyncio.create_task(model_engine.submit(greedy("What is 3 + 3?", 16)))
+    done, _ = await asyncio.wait({essay, short}, return_when=asyncio.FIRST_COMPLETED)
+    assert done == {short}
+    assert ok(await short).finish_reason in ("stop", "length")
+    assert ok(await essay).completion_tokens == 200
+
+
+async def test_text_streams_while_the_row_runs(model_engine: TransformersEngine) -> None:
+    pieces: list[str] = []
+    request = SampleRequest(prompt=STORY, max_new_tokens=24, on_text=pieces.append)
+    output = await model_engine.submit(request)
+    assert len(pieces) > 5
+    assert "".join(pieces) == output.text
+    stopped: list[str] = []
+    free = (await run(model_engine, greedy(CAPITAL)))[0]
+    cut = await model_engine.submit(
+        SampleRequest(prompt=CAPITAL, max_new_tokens=12, stop=["Paris"], on_text=stopped.append)
+    )
+    assert "".join(stopped) == cut.text == free.text[: free.text.index("Paris")]
+
+
+async def test_a_row_over_its_limit_returns_its_text_so_far(
+    model_engine: TransformersEngine,
+) -> None:
+    output = await model_engine.submit(
+        SampleRequest(prompt=STORY, max_new_tokens=400, timeout_s=1.0)
+    )
+    assert output.finish_reason == "timeout"
+    assert 0 < output.completion_tokens < 400 and output.text
+    assert output.token_logprobs is not None
+    assert len(output.token_logprobs) == output.completion_tokens
+
+
+async def test_a_long_prompt_is_prefilled_in_chunks_between_steps(
+    model_engine: TransformersEngine,
+) -> None:
+    long_prompt = "Summarize: " + " ".join(f"item {i} is fine." for i in range(160))
+    length = model_engine.prompt_length(SampleRequest(prompt=long_prompt))
+    assert length > 2 * model_engine._step_tokens
+    streaming = asyncio.Event()
+    runner = asyncio.create_task(
+        model_engine.submit(
+            SampleRequest(prompt=STORY, max_new_tokens=60, on_text=lambda _: streaming.set())
+        )
+    )
+    await asyncio.wait_for(streaming.wait(), 30)  # the row is running
+    steps_before = model_engine.stats.steps
+    chunked = await model_engine.submit(greedy(long_prompt, 8))
+    # the running row kept decoding while the prompt went in, one chunk per step
+    assert model_engine.stats.steps - steps_before >= length // model_engine._step_tokens
+    await runner
+    whole = TransformersEngine(
+        load_settings(engine="transformers", torch_threads=1, engine_step_tokens=4096)
+    )
+    try:
+        unchunked = await whole.submit(greedy(long_prompt, 8))
+    finally:
+        await whole.close()
+    same(chunked, unchunked)
 
 
 async def test_a_bad_row_fails_alone(model_engine: TransformersEngine) -> None:

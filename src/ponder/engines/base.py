@@ -1,13 +1,41 @@
 """The engine interface: what every model backend implements.
 
-An engine turns a batch of :class:`SampleRequest` into one :class:`SampleOutput` or one
-:class:`~ponder.errors.EngineError` per request, in the same order. Engines are async:
-a model that computes on the CPU/GPU must do so in a worker thread or another process so
-that the event loop is never blocked.
+**The contract: one row at a time.** The worker hands the engine one row (a
+:class:`SampleRequest`: one sample of one task) with :meth:`BaseEngine.submit` and awaits
+that row's :class:`SampleOutput`. A row never waits for another row to end:
+
+- **When rows run.** A row waits in the engine's admission queue until the engine has
+  room for it (``PONDER_ENGINE_MAX_ROWS`` running rows for the local engines,
+  ``PONDER_OPENAI_MAX_CONCURRENCY`` requests for the OpenAI engine); waiting rows are
+  admitted by weighted fair share across priorities (0 most urgent, no level starves).
+  The local engines schedule per step: a row joins the running batch at the next decode
+  step after its admission and leaves it at the step where it ends, and its output is
+  delivered at once.
+- **Time limits.** ``request.timeout_s`` counts from the row's start on the engine (its
+  admission), not from its time in the queue (the task deadline bounds that). A row over
+  its limit ends with ``finish_reason="timeout"`` and the text generated so far.
+- **Cancelling.** ``request.cancel()`` (from any thread) ends the row at the next step:
+  a queued row never runs; a running row returns what it generated so far with
+  ``finish_reason="cancelled"`` and frees its slot. Cancelling the coroutine awaiting
+  ``submit`` cancels the row the same way and drops its output.
+- **Errors.** :class:`~ponder.errors.EngineError` fails this row alone: a prompt the
+  model cannot take, a failed forward pass of the step the row was in, an upstream error
+  after retries. :class:`~ponder.errors.EngineBusy` means the admission queue is full: back
+  off and submit again. :class:`~ponder.errors.EngineDeadError` means the engine can
+  serve no more — its model thread ended, it was closed, or the upstream refuses its
+  credentials: every waiting and running row fails with it, and so does every later submit.
+- **Streaming.** When ``request.on_text`` is set, it is called on the submitting event
+  loop with each new piece of the row's text while the row runs (the pieces joined are
+  the text generated so far; the final ``SampleOutput.text`` is authoritative: stop
+  strings are cut from it).
+
+Engines are async: a model that computes on the CPU/GPU does so in a thread of its own
+or another process, so that the event loop is never blocked.
 """
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -18,15 +46,14 @@ from ponder.errors import EngineError
 
 __all__ = ["BaseEngine", "BatchResult", "FinishReason", "SampleOutput", "SampleRequest"]
 
-FinishReason = Literal["stop", "length", "cancelled", "error"]
+FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
 
 
 @dataclass(eq=False)
 class SampleRequest:
     """One row to generate: a prompt (or chat messages) and its sampling parameters.
 
-    ``cancelled`` is a thread-safe flag: when it is set, the engine may stop spending
-    compute on the row and answer it with ``finish_reason="cancelled"``.
+    ``cancelled`` is a thread-safe flag; see :meth:`cancel`.
     """
 
     prompt: str | None = None
@@ -42,24 +69,31 @@ class SampleRequest:
     priority: int = 3
     #: the task this sample belongs to; rows of one task sharing a prompt may share a prefix
     task_id: str = ""
+    #: the row's time limit on the engine, counted from its start there; None: no limit
+    timeout_s: float | None = None
+    #: called on the submitting event loop with each new piece of text (see the module doc)
+    on_text: Callable[[str], object] | None = field(default=None, repr=False)
     cancelled: threading.Event = field(default_factory=threading.Event)
     _on_cancel: list[Callable[[], object]] = field(default_factory=list, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def cancel(self) -> None:
         """Mark the row cancelled and run the callbacks registered with :meth:`on_cancel`."""
-        if self.cancelled.is_set():
-            return
-        self.cancelled.set()
-        callbacks, self._on_cancel = self._on_cancel, []
+        with self._lock:
+            if self.cancelled.is_set():
+                return
+            self.cancelled.set()
+            callbacks, self._on_cancel = self._on_cancel, []
         for callback in callbacks:
             callback()
 
     def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` when the row is cancelled (at once if it already is)."""
-        if self.cancelled.is_set():
-            callback()
-        else:
-            self._on_cancel.append(callback)
+        with self._lock:
+            if not self.cancelled.is_set():
+                self._on_cancel.append(callback)
+                return
+        callback()
 
     @property
     def is_cancelled(self) -> bool:
@@ -82,6 +116,8 @@ class SampleOutput:
     finish_reason: FinishReason = "stop"
     #: mean log-probability of the generated tokens, when the engine knows it
     mean_logprob: float | None = None
+    #: the log-probability of each generated token, when the engine knows them
+    token_logprobs: list[float] | None = None
 
 
 BatchResult = list[SampleOutput | EngineError]
@@ -96,23 +132,40 @@ class BaseEngine(ABC):
     model_name: str = ""
 
     @abstractmethod
-    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
-        """Generate every request of ``batch``.
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        """Run one row and return its output; see the module docstring for the contract.
 
-        Returns one entry per request, in order: a :class:`SampleOutput`, or an
-        :class:`EngineError` for a request that failed on its own. Raising instead
-        (``EngineError``) means the whole batch failed; the batcher then bisects it to
-        find the poisonous request. Must never block the event loop.
+        Raises :class:`EngineError` (this row failed), :class:`EngineBusy` (the admission
+        queue is full) or :class:`EngineDeadError` (the engine can serve no more). Must
+        never block the event loop.
         """
+
+    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
+        """Run a whole batch at once: every row submitted together, all results returned
+        together (the static baseline, ``PONDER_BATCHING=static``, calls this through the
+        :class:`~ponder.batcher.DynamicBatcher`). A row's EngineError is its entry; an
+        EngineDeadError or EngineBusy is raised for the whole batch."""
+        results = await asyncio.gather(*(self.submit(r) for r in batch), return_exceptions=True)
+        out: BatchResult = []
+        for result in results:
+            if isinstance(result, SampleOutput | EngineError):
+                out.append(result)
+            elif isinstance(result, BaseException):
+                raise result
+        return out
 
     def prompt_length(self, request: SampleRequest) -> int:
         """The request's prompt length, in tokens where the engine has a tokenizer.
 
-        Used by the batcher's length buckets. The default counts characters.
+        Used by the static batcher's length buckets. The default counts characters.
         """
         if request.messages is not None:
             return sum(len(str(m.get("content", ""))) for m in request.messages)
         return len(request.prompt or "")
+
+    def describe(self) -> dict[str, Any]:
+        """What the engine is doing now (rows running, queued, counters), for operators."""
+        return {}
 
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load what the engine needs (model weights, connections). Idempotent."""

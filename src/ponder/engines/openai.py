@@ -1,30 +1,44 @@
 """An engine that delegates generation to an OpenAI-compatible server over HTTP.
 
 ``POST {openai_base_url}/chat/completions`` with the bearer key ``openai_api_key`` and the
-model ``openai_model``. Rows of one batch that share a prompt and sampling parameters (the
-samples of one task) go as one request with ``n`` set, carrying the first row's seed (the
-server draws the n samples from it); a server that ignores ``n`` (returns fewer choices)
-is remembered, and its rows are sent one request each from then on, each with its seed.
+model ``openai_model``. **Every row is its own request** — servers such as vLLM, SGLang
+and llama.cpp's server batch continuously on their side — with one exception: rows of one
+task submitted together with the same prompt and sampling parameters (a task's samples)
+go as one request with ``n`` set, carrying the first row's seed (the server draws the n
+samples from it); a server that ignores ``n`` (returns fewer choices) is remembered, and
+its rows are sent one request each from then on, each with its seed.
 
-Each request has a time limit (``openai_timeout_s``). Answers 429 and 5xx, and failures to
-connect, are retried up to ``openai_max_retries`` times with exponential backoff and
-jitter (at least the server's ``Retry-After``); any other failure is that row's EngineError.
-Log-probabilities are requested, and their mean is reported when the server returns them.
+At most ``PONDER_OPENAI_MAX_CONCURRENCY`` requests are in flight; the others wait in an
+admission queue and start by weighted fair share across priorities as requests return.
+Each result is delivered when its own request returns. A row's ``timeout_s`` counts from
+its request's start; a cancelled row is answered at once (``finish_reason="cancelled"``),
+and a request whose rows are all cancelled is abandoned, which closes its connection
+(servers then stop generating).
+
+Each request also has a time limit (``openai_timeout_s``). Answers 429 and 5xx, and
+failures to connect, are retried up to ``openai_max_retries`` times with exponential
+backoff and jitter (at least the server's ``Retry-After``); 401 and 403 mean the server
+refuses the credentials: the engine is dead (EngineDeadError) until restarted with others;
+any other failure is that row's EngineError. Log-probabilities are requested, and their
+mean is reported when the server returns them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
-from collections.abc import Awaitable, Callable, Sequence
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from statistics import fmean
 from typing import Any, TypeVar
 
 import httpx
 
 from ponder.config import Settings
-from ponder.engines.base import BaseEngine, BatchResult, FinishReason, SampleOutput, SampleRequest
-from ponder.errors import ConfigError, EngineError
+from ponder.engines.base import BaseEngine, FinishReason, SampleOutput, SampleRequest
+from ponder.errors import ConfigError, EngineBusy, EngineDeadError, EngineError
+from ponder.scheduling import AdmissionQueue
 
 __all__ = ["OpenAIEngine"]
 
@@ -35,6 +49,18 @@ _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 
 class _Rejected(EngineError):
     """The server refused the request itself (a 4xx other than 429): retrying cannot help."""
+
+
+@dataclass(eq=False)
+class _Request:
+    """Rows sent as one request (one row, or a task's samples sharing prompt and params)."""
+
+    priority: int
+    arrival: float
+    rows: list[tuple[SampleRequest, asyncio.Future[SampleOutput]]] = field(default_factory=list)
+
+    def live(self) -> list[tuple[SampleRequest, asyncio.Future[SampleOutput]]]:
+        return [(r, f) for r, f in self.rows if not f.done() and not r.is_cancelled]
 
 
 class OpenAIEngine(BaseEngine):
@@ -58,52 +84,141 @@ class OpenAIEngine(BaseEngine):
         self._api_key = settings.openai_api_key
         self._timeout_s = settings.openai_timeout_s
         self._max_retries = settings.openai_max_retries
+        self._max_in_flight = settings.openai_max_concurrency
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._client: httpx.AsyncClient | None = None
+        self._queue: AdmissionQueue[_Request] = AdmissionQueue(
+            settings.priority_quotas, settings.engine_max_queue
+        )
+        #: requests being formed in this event-loop tick, by task + prompt + parameters
+        self._forming: dict[tuple[Any, ...], _Request] = {}
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self._dead: EngineDeadError | None = None
         #: whether the server honours ``n``; None until a request with n > 1 tells
         self.supports_n: bool | None = None
+        #: HTTP requests sent (retries included) and the most in flight at once
+        self.requests_sent = 0
+        self.peak_in_flight = 0
 
     async def start(self) -> None:
         """Open the connection pool. Idempotent."""
         if self._client is None:
+            self._dead = None
             headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            limits = httpx.Limits(
+                max_connections=self._max_in_flight, max_keepalive_connections=self._max_in_flight
+            )
             self._client = httpx.AsyncClient(
-                base_url=self._base_url, headers=headers, timeout=self._timeout_s
+                base_url=self._base_url, headers=headers, timeout=self._timeout_s, limits=limits
             )
 
     async def close(self) -> None:
-        """Close the connection pool. Idempotent."""
+        """Fail queued rows, abandon the requests in flight, close the pool. Idempotent."""
         client, self._client = self._client, None
-        if client is not None:
-            await client.aclose()
+        if client is None:
+            return
+        self._dead = self._dead or EngineDeadError("the openai engine is closed")
+        for request in self._queue.drain():
+            _resolve(request.rows, self._dead)
+        tasks = list(self._in_flight)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        await client.aclose()
 
-    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
-        """See :meth:`BaseEngine.generate`: every failure is the EngineError of its rows."""
+    def describe(self) -> dict[str, Any]:
+        return {
+            "requests_in_flight": len(self._in_flight),
+            "requests_queued": len(self._queue),
+            "queued_by_priority": self._queue.depths(),
+            "max_concurrency": self._max_in_flight,
+            "peak_in_flight": self.peak_in_flight,
+            "requests_sent": self.requests_sent,
+        }
+
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        """Queue one row (joining its task's same-prompt rows of this tick) and await it."""
+        if self._dead is not None:
+            raise self._dead
         await self.start()
-        groups: dict[tuple[Any, ...], list[int]] = {}
-        for index, request in enumerate(batch):
-            key = (
-                request.prompt_key(),
-                request.temperature,
-                request.top_p,
-                request.max_new_tokens,
-                tuple(request.stop),
-            )
-            groups.setdefault(key, []).append(index)
-        results: list[SampleOutput | EngineError | None] = [None] * len(batch)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[SampleOutput] = loop.create_future()
+        key = (
+            request.task_id,
+            request.prompt_key(),
+            request.temperature,
+            request.top_p,
+            request.max_new_tokens,
+            tuple(request.stop),
+            request.timeout_s,
+        )
+        groups = request.task_id and self.supports_n is not False
+        group = self._forming.get(key) if groups else None
+        if group is None:
+            group = _Request(priority=request.priority, arrival=time.monotonic())
+            if groups:
+                self._forming[key] = group
+            loop.call_soon(self._enqueue, key, group)
+        group.priority = min(group.priority, request.priority)
+        group.rows.append((request, future))
+        request.on_cancel(lambda: loop.call_soon_threadsafe(_settle_cancelled, future))
+        try:
+            return await future
+        except asyncio.CancelledError:
+            request.cancel()
+            raise
 
-        async def run_group(indices: list[int]) -> None:
-            outputs = await self._group([batch[i] for i in indices])
-            for i, output in zip(indices, outputs, strict=True):
-                results[i] = output
+    def _enqueue(self, key: tuple[Any, ...], group: _Request) -> None:
+        if self._forming.get(key) is group:
+            del self._forming[key]
+        try:
+            self._queue.put(group)
+        except EngineBusy as e:
+            _resolve(group.rows, e)
+            return
+        self._dispatch()
 
-        await asyncio.gather(*(run_group(indices) for indices in groups.values()))
-        out: BatchResult = []
-        for result in results:
-            assert result is not None  # every group fills all its rows
-            out.append(result)
-        return out
+    def _dispatch(self) -> None:
+        """Start queued requests while fewer than the limit are in flight."""
+        while self._client is not None and len(self._in_flight) < self._max_in_flight:
+            taken = self._queue.take(self._max_in_flight - len(self._in_flight))
+            if not taken:
+                return
+            for group in taken:
+                if not group.live():
+                    continue  # every row was cancelled meanwhile: each is answered already
+                task = asyncio.create_task(self._run(group), name="ponder-openai-request")
+                self._in_flight.add(task)
+                task.add_done_callback(self._request_done)
+            self.peak_in_flight = max(self.peak_in_flight, len(self._in_flight))
+
+    def _request_done(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.discard(task)
+        self._dispatch()
+
+    async def _run(self, group: _Request) -> None:
+        """One request for the group's live rows; each row's output or error to its future."""
+        rows = group.live()
+        limits = [r.timeout_s for r, _ in rows if r.timeout_s is not None]
+        try:
+            async with asyncio.timeout(min(limits) if limits else None):
+                outputs = await self._group([r for r, _ in rows])
+        except TimeoutError:
+            outputs = [SampleOutput(text="", finish_reason="timeout") for _ in rows]
+        except EngineDeadError as e:
+            self._dead = e
+            _resolve(rows, e)
+            return
+        except asyncio.CancelledError:
+            _resolve(rows, self._dead or EngineDeadError("the openai engine is closed"))
+            raise
+        for (_, future), output in zip(rows, outputs, strict=True):
+            if not future.done():
+                if isinstance(output, SampleOutput):
+                    future.set_result(output)
+                else:
+                    future.set_exception(output)
 
     async def _group(self, rows: list[SampleRequest]) -> list[SampleOutput | EngineError]:
         """Rows sharing a prompt and parameters: one request with ``n``, or one each."""
@@ -176,10 +291,12 @@ class OpenAIEngine(BaseEngine):
 
     async def _post(self, body: dict[str, Any]) -> Any:
         """POST one chat completion, retrying 429, 5xx and connection failures."""
-        assert self._client is not None
         attempt = 0
         while True:
+            if self._client is None:
+                raise EngineDeadError("the openai engine is closed")
             retry_after = 0.0
+            self.requests_sent += 1
             try:
                 response = await self._client.post("/chat/completions", json=body)
             except httpx.TimeoutException as e:
@@ -200,6 +317,11 @@ class OpenAIEngine(BaseEngine):
                     except ValueError as e:
                         raise EngineError(f"{self._base_url} answered non-JSON: {e}") from e
                 message = f"{self._base_url} answered {status}: {_error_message(response)}"
+                if status in (401, 403):
+                    raise EngineDeadError(
+                        f"{message}; the server refuses the credentials: check "
+                        "PONDER_OPENAI_API_KEY and restart the worker"
+                    )
                 if status != 429 and status < 500:
                     raise _Rejected(message)
                 error = EngineError(message)
@@ -255,6 +377,7 @@ def _outputs(data: Any) -> list[SampleOutput]:
                 completion_tokens=len(tokens) or round(total_completion / len(choices)),
                 finish_reason=_FINISH.get(choice.get("finish_reason"), "stop"),
                 mean_logprob=fmean(float(t["logprob"]) for t in tokens) if tokens else None,
+                token_logprobs=[float(t["logprob"]) for t in tokens] if tokens else None,
             )
         )
     return outputs
@@ -262,6 +385,19 @@ def _outputs(data: Any) -> list[SampleOutput]:
 
 def _cancelled() -> SampleOutput:
     return SampleOutput(text="", finish_reason="cancelled")
+
+
+def _settle_cancelled(future: asyncio.Future[SampleOutput]) -> None:
+    if not future.done():
+        future.set_result(_cancelled())
+
+
+def _resolve(
+    rows: list[tuple[SampleRequest, asyncio.Future[SampleOutput]]], error: BaseException
+) -> None:
+    for _, future in rows:
+        if not future.done():
+            future.set_exception(error)
 
 
 def _error_message(response: httpx.Response) -> str:

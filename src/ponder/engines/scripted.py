@@ -1,33 +1,47 @@
 """A deterministic engine for tests and scheduler benchmarks — never a model substitute.
 
-Directives in the prompt steer it, so black-box tests can script outcomes:
+It schedules like the local model engine (the same :class:`ContinuousEngine` loop: rows
+join and leave per step, admission by priority), with a modelled step latency in place
+of a forward pass. Directives in the prompt steer it, so black-box tests can script
+outcomes:
 
 - ``[[answers: 42, 42, 17]]`` — sample *i* answers the *i*-th value (cycling); the values
-  ``fail`` and ``hang`` make that one sample raise an engine error or never return.
-- ``[[sleep_ms: N]]`` — each call on this item takes N ms more.
-- ``[[fail]]`` — every sample raises an engine error.
-- ``[[hang]]`` — every sample never returns until cancelled or timed out.
-- ``[[poison]]`` — a batch holding this item fails as a whole (tests batch isolation).
+  ``fail`` and ``hang`` make that one sample fail or never end (until cancelled or timed
+  out).
+- ``[[tokens: N]]`` — each sample is N words long (default 12); its text is emitted word
+  by word, one word per step, and ends "The answer is X."
+- ``[[sleep_ms: N]]`` — each sample makes no progress for its first N ms (it holds its
+  slot; other rows go on).
+- ``[[fail]]`` — every sample fails (EngineError).
+- ``[[hang]]`` — every sample never ends until cancelled or timed out.
 
 Without ``answers`` the answer is a number derived from the prompt, so it is stable.
-``PONDER_SCRIPTED_BATCH_MS="base,per_item"`` adds ``base + per_item * len(batch)`` ms per
-call: a latency model of a batched accelerator.
+``PONDER_SCRIPTED_STEP_MS="base,per_row"`` makes each step take ``base + per_row * rows``
+ms (rows: the rows advanced by the step): a latency model of a batched accelerator.
 """
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
+import itertools
+import math
 import re
+import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from ponder.config import Settings
-from ponder.engines.base import BaseEngine, BatchResult, SampleOutput, SampleRequest
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.engines.continuous import ContinuousEngine, Row
 from ponder.errors import EngineError
 
 __all__ = ["ScriptedEngine", "parse_directives"]
 
 _DIRECTIVE_RE = re.compile(r"\[\[\s*([a-z_]+)\s*(?::\s*([^\]]*))?\]\]")
+_LEAD = ["Let", "me", "work", "through", "this", "step", "by", "step."]
+#: words per sample without a ``tokens`` directive
+DEFAULT_TOKENS = len(_LEAD) + 4
 
 
 def parse_directives(text: str) -> dict[str, str]:
@@ -35,59 +49,103 @@ def parse_directives(text: str) -> dict[str, str]:
     return {m[1]: (m[2] or "").strip() for m in _DIRECTIVE_RE.finditer(text)}
 
 
-class ScriptedEngine(BaseEngine):
-    """Answers from directives after a modelled batch latency. See the module docstring."""
+@dataclass(eq=False)
+class _ScriptedRow(Row):
+    words: list[str] = field(default_factory=list)
+    emitted: int = 0
+    prompt_tokens: int = 0
+
+
+class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
+    """Answers from directives at a modelled step latency. See the module docstring."""
 
     name = "scripted"
     model_name = "scripted"
 
-    def __init__(self, settings: Settings | None = None, *, batch_ms: Sequence[float] = (0, 0)):
-        base_ms, per_item_ms = settings.scripted_batch_ms if settings else batch_ms
-        self.base_ms = float(base_ms)
-        self.per_item_ms = float(per_item_ms)
-        #: every batch this engine ran, as the number of rows (tests read it)
-        self.batch_sizes: list[int] = []
-
-    def batch_latency_s(self, size: int) -> float:
-        return (self.base_ms + self.per_item_ms * size) / 1000
-
-    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
-        self.batch_sizes.append(len(batch))
-        directives = [parse_directives(_prompt_text(r)) for r in batch]
-        if any("poison" in d for d in directives):
-            raise EngineError("scripted: a poisonous request failed the batch")
-        latency = self.batch_latency_s(len(batch))
-        if latency > 0:
-            await asyncio.sleep(latency)
-        results = await asyncio.gather(
-            *(self._one(r, d) for r, d in zip(batch, directives, strict=True)),
-            return_exceptions=True,
+    def __init__(
+        self,
+        settings: Settings | None = None,
+        *,
+        step_ms: Sequence[float] = (0.0, 0.0),
+        max_rows: int = 16,
+        max_queue: int = 1000,
+        max_wait_ms: float = 0.0,
+        quotas: Sequence[int] = (4, 3, 2, 2, 1, 1),
+    ) -> None:
+        if settings is not None:
+            step_ms = settings.scripted_step_ms
+            max_rows, max_queue = settings.engine_max_rows, settings.engine_max_queue
+            max_wait_ms, quotas = settings.engine_max_wait_ms, settings.priority_quotas
+        super().__init__(
+            max_rows=max_rows, max_queue=max_queue, max_wait_ms=max_wait_ms, quotas=quotas
         )
-        out: BatchResult = []
-        for item in results:
-            if isinstance(item, SampleOutput | EngineError):
-                out.append(item)
-            elif isinstance(item, BaseException):
-                raise item
-        return out
+        self.base_ms, self.per_row_ms = (float(v) for v in step_ms)
 
-    async def _one(self, request: SampleRequest, directives: dict[str, str]) -> SampleOutput:
-        sleep_ms = float(directives.get("sleep_ms") or 0)
-        if sleep_ms > 0:
-            await asyncio.sleep(sleep_ms / 1000)
-        answer = _answer_for(request, directives)
+    def step_latency_s(self, rows: int) -> float:
+        return (self.base_ms + self.per_row_ms * rows) / 1000
+
+    def _setup(self) -> None:
+        pass
+
+    def _new_row(
+        self,
+        request: SampleRequest,
+        future: asyncio.Future[SampleOutput],
+        loop: asyncio.AbstractEventLoop,
+        arrival: float,
+    ) -> _ScriptedRow:
+        return _ScriptedRow(
+            request=request, future=future, loop=loop, priority=request.priority, arrival=arrival
+        )
+
+    def _open(self, row: _ScriptedRow) -> None:
+        text = _prompt_text(row.request)
+        directives = parse_directives(text)
+        answer = _answer_for(row.request, directives)
         if answer == "fail":
-            raise EngineError(f"scripted failure of sample {request.sample_index}")
+            raise EngineError(f"scripted failure of sample {row.request.sample_index}")
+        row.prompt_tokens = len(text.split())
         if answer == "hang":
-            await _until_cancelled(request)
-            return SampleOutput(text="", finish_reason="cancelled")
-        text = f"Let me work through this step by step. The answer is {answer}."
+            row.ready_at = math.inf
+            return
+        try:
+            sleep_ms = float(directives.get("sleep_ms") or 0)
+            count = max(1, int(directives.get("tokens") or DEFAULT_TOKENS))
+        except ValueError as e:
+            raise EngineError(f"scripted: a directive needs a number: {e}") from e
+        row.ready_at = row.started + sleep_ms / 1000
+        tail = ["The", "answer", "is", f"{answer}."]
+        lead = list(itertools.islice(itertools.cycle(_LEAD), max(0, count - len(tail))))
+        row.words = (lead + tail)[-count:]
+
+    def _prefill(self, rows: list[_ScriptedRow], now: float) -> list[_ScriptedRow]:
+        return list(rows)
+
+    def _step(self, rows: list[_ScriptedRow]) -> None:
+        latency = self.step_latency_s(len(rows))
+        if latency > 0:
+            time.sleep(latency)
+        for row in rows:
+            word = row.words[row.emitted]
+            row.emit(word if row.emitted == 0 else " " + word)
+            row.emitted += 1
+            if row.emitted >= len(row.words):
+                row.finish = "stop"
+            elif row.emitted >= row.request.max_new_tokens:
+                row.finish = "length"
+
+    def _drop(self, keep: list[int]) -> None:
+        pass
+
+    def _output(self, row: _ScriptedRow) -> SampleOutput:
+        assert row.finish is not None
         return SampleOutput(
-            text=text,
-            prompt_tokens=len(_prompt_text(request).split()),
-            completion_tokens=len(text.split()),
-            finish_reason="stop",
-            mean_logprob=-0.25,
+            text=" ".join(row.words[: row.emitted]),
+            prompt_tokens=row.prompt_tokens,
+            completion_tokens=row.emitted,
+            finish_reason=row.finish,
+            mean_logprob=-0.25 if row.emitted else None,
+            token_logprobs=[-0.25] * row.emitted,
         )
 
 
@@ -107,16 +165,3 @@ def _answer_for(request: SampleRequest, directives: dict[str, str]) -> str:
         return values[request.sample_index % len(values)]
     digest = hashlib.sha256(_prompt_text(request).encode()).digest()
     return str(int.from_bytes(digest[:4], "big") % 1000)
-
-
-async def _until_cancelled(request: SampleRequest) -> None:
-    loop = asyncio.get_running_loop()
-    done: asyncio.Future[None] = loop.create_future()
-
-    def settle() -> None:
-        if not done.done():
-            done.set_result(None)
-
-    request.on_cancel(lambda: loop.call_soon_threadsafe(settle))
-
-    await done

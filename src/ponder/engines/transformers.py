@@ -1,15 +1,25 @@
-"""The local model engine: a causal LM from transformers, decoded by ponder's own loop.
+"""The local model engine: a causal LM from transformers with continuous batching.
 
-``model.generate`` takes one set of sampling parameters per call; ponder's batches mix rows
-of different tasks, so this engine runs its own decode loop over the model's forward pass
-and a KV cache, which gives it:
+``model.generate`` takes one set of sampling parameters per call and runs whole batches;
+ponder's rows come and go one at a time with their own parameters, so this engine runs its
+own scheduler (:class:`~ponder.engines.continuous.ContinuousEngine`: rows join and leave
+the running batch at every decode step) over a :class:`~ponder.engines.runner.ModelRunner`
+that does the tensor work. It gives:
 
 - per-row temperature, top_p, seed, max_new_tokens and stop strings, with per-row seeded
-  sampling that makes a row's text independent of what else is in the batch;
-- shared-prefix prefill: rows with the same prompt (the samples of one task) prefill it
-  once and each get a copy of its KV cache;
-- rows that finish (end of sequence, stop string, length, cancellation) leave the batch
-  and its KV cache at once, so they stop costing compute.
+  sampling: a row's text depends on its prompt, seed and parameters alone, never on what
+  else joins or leaves the batch;
+- **chunked prefill under a per-step budget** (``PONDER_ENGINE_STEP_TOKENS``): newcomers
+  are prefilled between decode steps, several short prompts in one pass, a prompt longer
+  than the budget in chunks over successive steps, so a long prompt delays the running
+  rows by at most one chunk per step;
+- **shared-prefix prefill**: rows with the same prompt (the samples of one task) prefill
+  it once, and a bounded LRU cache of prompt KV (``PONDER_ENGINE_PREFIX_CACHE_MB``) keeps
+  it for the task's later waves (early stopping's second wave is not prefilled again);
+- rows that end (end of sequence, stop string, length, cancel, timeout) leave the batch
+  and its KV cache at once; cancelled and timed-out rows return the text so far;
+- text pieces for streaming (``request.on_text``), decoded incrementally;
+- token log-probabilities (under the unscaled logits).
 
 All model work runs in one dedicated thread: one model instance, never two forward passes
 at once, and the event loop never blocks.
@@ -18,103 +28,85 @@ at once, and the event loop never blocks.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
-import inspect
 import secrets
-import threading
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, replace
+from collections import OrderedDict
+from dataclasses import dataclass, field
 from typing import Any
 
 from ponder.config import Settings
-from ponder.engines.base import BaseEngine, BatchResult, FinishReason, SampleOutput, SampleRequest
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.engines.continuous import ContinuousEngine, Row
 from ponder.engines.models import load_model
 from ponder.errors import ConfigError, EngineError
 
 try:
     import torch
-    from transformers import DynamicCache
+
+    from ponder.engines.runner import HFRunner, ModelRunner, Prefill, Prefix
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ConfigError(
         "the transformers engine needs the model extra: pip install -e '.[model]' "
         "(or `make install`)"
     ) from e
 
-__all__ = ["DecodeStats", "TransformersEngine", "encode_prompt"]
+__all__ = ["TransformersEngine", "encode_prompt"]
+
+#: a prompt longer than this many tokens over the step budget is prefilled in chunks
+_MIN_CHUNK = 16
 
 
-@dataclass
-class DecodeStats:
-    """Counters of the model work done, to check (and measure) what the loop saves."""
-
-    #: prompts prefilled: rows of one batch sharing a prompt count once
-    prefilled_prompts: int = 0
-    #: rows fed to decode steps, summed over the steps: finished rows no longer count
-    decoded_rows: int = 0
-
-
-class TransformersEngine(BaseEngine):
-    """A local causal LM (``settings.model``) run in one worker thread.
+class TransformersEngine(ContinuousEngine["_Row"]):
+    """A local causal LM (``settings.model``) with continuous batching in one thread.
 
     ``start()`` loads the model (converting and caching a GGUF model the first time);
-    ``generate()`` loads it on first use if ``start()`` was not called. ``close()`` stops
-    the rows in flight (they end ``cancelled``) and shuts the worker thread down.
+    ``submit()`` starts it on first use. ``close()`` ends the rows in flight (they fail
+    with EngineDeadError) and stops the thread. ``share_prefix=False`` prefills every row
+    on its own (to measure what sharing saves).
     """
 
     name = "transformers"
 
     def __init__(self, settings: Settings, *, share_prefix: bool = True) -> None:
+        super().__init__(
+            max_rows=settings.engine_max_rows,
+            max_queue=settings.engine_max_queue,
+            max_wait_ms=settings.engine_max_wait_ms,
+            quotas=settings.priority_quotas,
+        )
         self.model_name = settings.model
         self._settings = settings
-        #: False prefills every row on its own (to measure what sharing saves)
         self._share_prefix = share_prefix
-        self._executor: ThreadPoolExecutor | None = None
-        self._decoder: _Decoder | None = None
+        self._step_tokens = settings.engine_step_tokens
+        self._runner: ModelRunner | None = None
+        self._tokenizer: Any = None
         #: a second tokenizer for prompt_length(), which runs on the event loop's thread:
         #: a fast tokenizer must not be used by two threads at once
         self._length_tokenizer: Any = None
-        self._closing = threading.Event()
+        max_bytes = int(settings.engine_prefix_cache_mb * 2**20) if share_prefix else 0
+        self._prefixes = _PrefixCache(max_bytes)
+        #: chunked prefills in progress, by prompt
+        self._partial: dict[tuple[int, ...], Prefix] = {}
 
-    @property
-    def stats(self) -> DecodeStats:
-        """A snapshot of the work counters since the model was loaded."""
-        return replace(self._decoder.stats) if self._decoder else DecodeStats()
-
-    async def start(self) -> None:
-        """Load the model in the worker thread. Idempotent; ConfigError on a wrong model."""
-        if self._executor is None:
-            self._closing.clear()
-            self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ponder-model")
-        loop = asyncio.get_running_loop()
-        # the worker runs one job at a time, so concurrent starts load the model once
-        await loop.run_in_executor(self._executor, self._load)
-
-    def _load(self) -> None:
-        if self._decoder is not None:
-            return
+    # --- set-up (model thread) --------------------------------------------------------
+    def _setup(self) -> None:
         # torch's intra-op thread count is a per-thread setting: set it where the work runs
         if self._settings.torch_threads > 0:
             torch.set_num_threads(self._settings.torch_threads)
         model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
         self._length_tokenizer = copy.deepcopy(tokenizer)
-        self._decoder = _Decoder(model, tokenizer, self._closing, self._share_prefix)
+        self._tokenizer = tokenizer
+        self._runner = HFRunner(model, tokenizer)
 
-    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
-        """See :meth:`BaseEngine.generate`; rows fail alone (EngineError) on a bad prompt."""
-        if not batch:
-            return []
-        await self.start()
-        assert self._executor is not None and self._decoder is not None
-        loop = asyncio.get_running_loop()
-        abort = threading.Event()
-        try:
-            return await loop.run_in_executor(
-                self._executor, self._decoder.generate, list(batch), abort
-            )
-        except asyncio.CancelledError:
-            abort.set()  # the caller gave up on the batch: stop computing it
-            raise
+    def _teardown(self) -> None:
+        self._runner = None
+        self._tokenizer = None
+        self._prefixes.clear()
+        self._partial.clear()
+
+    def _context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.inference_mode()
 
     def prompt_length(self, request: SampleRequest) -> int:
         """The templated prompt's length in tokens (characters before the model is loaded)."""
@@ -125,15 +117,159 @@ class TransformersEngine(BaseEngine):
         except EngineError:
             return super().prompt_length(request)
 
-    async def close(self) -> None:
-        """Stop the rows in flight, wait for the worker thread to end, drop the model."""
-        executor, self._executor = self._executor, None
-        if executor is None:
+    # --- rows -------------------------------------------------------------------------
+    def _new_row(
+        self,
+        request: SampleRequest,
+        future: asyncio.Future[SampleOutput],
+        loop: asyncio.AbstractEventLoop,
+        arrival: float,
+    ) -> _Row:
+        return _Row(request=request, future=future, loop=loop, priority=request.priority,
+                    arrival=arrival)  # fmt: skip
+
+    def _open(self, row: _Row) -> None:
+        assert self._runner is not None
+        request, runner = row.request, self._runner
+        ids = encode_prompt(self._tokenizer, request)
+        if len(ids) >= runner.context_length:
+            raise EngineError(
+                f"the prompt is {len(ids)} tokens; the model's context is {runner.context_length}"
+            )
+        if request.max_new_tokens < 1:
+            raise EngineError(f"max_new_tokens must be at least 1, not {request.max_new_tokens}")
+        if not 0 < request.top_p <= 1 or request.temperature < 0:
+            raise EngineError("need temperature >= 0 and 0 < top_p <= 1")
+        if request.temperature > 0:
+            seed = secrets.randbits(63) if request.seed is None else request.seed % 2**64
+            row.generator = torch.Generator().manual_seed(seed)
+        row.prompt_ids = ids
+        row.key = tuple(ids) if self._share_prefix else (id(row), *ids)
+        row.max_new_tokens = min(request.max_new_tokens, runner.context_length - len(ids))
+        row.stop = [s for s in request.stop if s]
+        if row.stop or request.on_text is not None:
+            row.detok = _Detokenizer(self._tokenizer)
+
+    def _prefill(self, rows: list[_Row], now: float) -> list[_Row]:
+        """Prefill what the step budget allows; rows whose prompt is ready join the batch."""
+        assert self._runner is not None
+        groups: dict[tuple[int, ...], list[_Row]] = {}
+        for row in rows:
+            groups.setdefault(row.key, []).append(row)
+        for key in [k for k in self._partial if k not in groups]:
+            del self._partial[key]  # every row of that prompt left
+        ready: list[_Row] = []
+        budget = self._step_tokens
+        items: list[Prefill] = []
+        planned: list[tuple[tuple[int, ...], bool]] = []
+        for key, group in groups.items():
+            cached = self._prefixes.get(key)
+            if cached is not None:
+                self.stats.prefix_hits += len(group)
+                self._start(group, cached, ready)
+                continue
+            partial = self._partial.get(key)
+            done = partial.length if partial is not None else 0
+            prompt = group[0].prompt_ids
+            remaining = len(prompt) - done
+            if remaining <= budget:
+                take = remaining
+            elif remaining > self._step_tokens and budget >= _MIN_CHUNK:
+                take = budget  # a long prompt: one chunk now, the rest in the next steps
+            else:
+                continue  # a short prompt that does not fit what is left: next step
+            items.append(Prefill(tokens=prompt[done : done + take], prefix=partial))
+            planned.append((key, take == remaining))
+            budget -= take
+            if budget < _MIN_CHUNK:
+                break
+        if not items:
+            return ready
+        try:
+            prefixes = self._runner.prefill(items)
+        except Exception as e:
+            failed = [row for key, _ in planned for row in groups[key]]
+            for key, _ in planned:
+                self._partial.pop(key, None)
+            self._fail(failed, EngineError(f"prefill failed: {type(e).__name__}: {e}"))
+            return ready
+        for (key, complete), item, prefix in zip(planned, items, prefixes, strict=True):
+            self.stats.prefill_tokens += len(item.tokens)
+            if not complete:
+                self._partial[key] = prefix
+                continue
+            self._partial.pop(key, None)
+            self._prefixes.put(key, prefix)
+            self.stats.prefix_hits += len(groups[key]) - 1
+            self._start(groups[key], prefix, ready)
+        return ready
+
+    def _start(self, group: list[_Row], prefix: Prefix, ready: list[_Row]) -> None:
+        """Sample each row's first token from the prompt's logits; join the ones that go on."""
+        assert self._runner is not None
+        logits = prefix.logits[None, :].expand(len(group), -1)
+        tokens, logprobs = _sample(logits, group)
+        for row, token, logprob in zip(group, tokens, logprobs, strict=True):
+            self._append(row, token, logprob)
+            if row.finish is None:
+                self._runner.join(prefix)
+                ready.append(row)
+
+    def _step(self, rows: list[_Row]) -> None:
+        assert self._runner is not None
+        try:
+            logits = self._runner.decode([row.tokens[-1] for row in rows])
+        except Exception as e:  # the batch's state is unknown: fail every running row
+            self._fail(rows, EngineError(f"generation failed: {type(e).__name__}: {e}"))
             return
-        self._closing.set()
-        await asyncio.to_thread(executor.shutdown, wait=True)
-        self._decoder = None
-        self._length_tokenizer = None
+        tokens, logprobs = _sample(logits, rows)
+        for row, token, logprob in zip(rows, tokens, logprobs, strict=True):
+            self._append(row, token, logprob)
+
+    def _drop(self, keep: list[int]) -> None:
+        assert self._runner is not None
+        self._runner.keep(keep)
+
+    def _append(self, row: _Row, token: int, logprob: float) -> None:
+        """Add a generated token to the row and decide whether the row is finished."""
+        assert self._runner is not None
+        row.tokens.append(token)
+        row.logprobs.append(logprob)
+        if token in self._runner.eos_ids:
+            row.finish = "stop"
+        elif row.detok is not None:
+            row.detok.add(row.tokens)
+            text = row.detok.text
+            cut = _stop_position(text, row.stop)
+            if cut is not None:
+                row.stopped_text = text[:cut]
+                row.finish = "stop"
+            # hold back what could still become the start of a stop string
+            safe = len(text) if cut is None else cut
+            if row.stop and cut is None:
+                safe -= max(len(s) for s in row.stop) - 1
+            if safe > row.emitted:
+                row.emit(text[row.emitted : safe])
+                row.emitted = safe
+        if row.finish is None and len(row.tokens) >= row.max_new_tokens:
+            row.finish = "length"
+
+    def _output(self, row: _Row) -> SampleOutput:
+        text = row.stopped_text
+        if text is None:
+            text = self._tokenizer.decode(row.tokens, skip_special_tokens=True)
+        if row.emitted < len(text) and row.finish is not None:
+            row.emit(text[row.emitted :])  # the held-back tail, for the stream's last piece
+            row.emitted = len(text)
+        n = len(row.tokens)
+        return SampleOutput(
+            text=text,
+            prompt_tokens=len(row.prompt_ids),
+            completion_tokens=n,
+            finish_reason=row.finish or "stop",
+            mean_logprob=sum(row.logprobs) / n if n else None,
+            token_logprobs=list(row.logprobs),
+        )
 
 
 def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:
@@ -166,232 +302,117 @@ def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:
 
 
 @dataclass(eq=False)
-class _Row:
+class _Row(Row):
     """One request in the decode loop."""
 
-    index: int
-    request: SampleRequest
-    prompt_ids: list[int]
-    max_new_tokens: int
+    prompt_ids: list[int] = field(default_factory=list)
+    #: rows with the same key share their prompt's prefill
+    key: tuple[int, ...] = ()
+    max_new_tokens: int = 0
     #: None for greedy rows; otherwise the row's own sampling stream
-    generator: torch.Generator | None
+    generator: torch.Generator | None = None
     tokens: list[int] = field(default_factory=list)
-    logprob_sum: float = 0.0
-    finish: FinishReason | None = None
+    logprobs: list[float] = field(default_factory=list)
     #: the request's non-empty stop strings
     stop: list[str] = field(default_factory=list)
     #: the completion cut before a stop string, once one appeared
     stopped_text: str | None = None
-
-    def output(self, tokenizer: Any) -> SampleOutput:
-        assert self.finish is not None  # the decode loop runs every row to its end
-        text = self.stopped_text
-        if text is None:
-            text = tokenizer.decode(self.tokens, skip_special_tokens=True)
-        n = len(self.tokens)
-        return SampleOutput(
-            text=text,
-            prompt_tokens=len(self.prompt_ids),
-            completion_tokens=n,
-            finish_reason=self.finish,
-            mean_logprob=self.logprob_sum / n if n else None,
-        )
+    #: incremental text, when the row streams or has stop strings
+    detok: _Detokenizer | None = None
+    #: characters of ``detok.text`` already emitted
+    emitted: int = 0
 
 
-class _Decoder:
-    """The model, its tokenizer and the decode loop. Used by the worker thread only."""
+class _Detokenizer:
+    """Incremental detokenization: each step decodes a short window, not the whole text.
 
-    def __init__(
-        self, model: Any, tokenizer: Any, closing: threading.Event, share_prefix: bool
-    ) -> None:
-        self.model = model
-        self.tokenizer = tokenizer
-        self.closing = closing
-        self.share_prefix = share_prefix
-        config = model.config
-        self.context_length: int = getattr(config, "max_position_embeddings", 0) or 2048
-        eos = model.generation_config.eos_token_id
-        eos_ids = set(eos if isinstance(eos, list) else [eos])
-        eos_ids.add(tokenizer.eos_token_id)
-        self.eos_ids = {i for i in eos_ids if i is not None}
-        self.pad_id: int = tokenizer.pad_token_id
-        if self.pad_id is None:
-            self.pad_id = min(self.eos_ids)
-        self.stats = DecodeStats()
-        # transformers 5 renamed forward's `past_key_values` to `cache` (warning on the old
-        # name); earlier versions know only the old one
-        forward = inspect.signature(model.forward).parameters
-        self.cache_arg = "cache" if "cache" in forward else "past_key_values"
+    A token may complete a character begun by the previous one, so text is released only
+    when the window's decoding does not end in an incomplete character (U+FFFD).
+    """
 
-    def generate(self, batch: list[SampleRequest], abort: threading.Event) -> BatchResult:
-        """Generate ``batch``; when ``abort`` is set, the rows in flight end ``cancelled``."""
-        results: list[SampleOutput | EngineError | None] = [None] * len(batch)
-        rows: list[_Row] = []
-        for index, request in enumerate(batch):
-            if request.is_cancelled:
-                results[index] = SampleOutput(text="", finish_reason="cancelled")
-                continue
-            try:
-                rows.append(self._row(index, request))
-            except EngineError as e:
-                results[index] = e
-        if rows:
-            try:
-                with torch.inference_mode():
-                    self._decode(rows, abort)
-            except Exception as e:  # the batch as a whole failed; the batcher bisects it
-                raise EngineError(f"generation failed: {type(e).__name__}: {e}") from e
-            for row in rows:
-                results[row.index] = row.output(self.tokenizer)
-        out: BatchResult = []
-        for result in results:
-            assert result is not None  # every request got an output, an error or a row
-            out.append(result)
-        return out
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._prefix_offset = 0
+        self._read_offset = 0
+        self.text = ""
 
-    def _row(self, index: int, request: SampleRequest) -> _Row:
-        """Validate and tokenize one request; EngineError fails this row alone."""
-        ids = encode_prompt(self.tokenizer, request)
-        if len(ids) >= self.context_length:
-            raise EngineError(
-                f"the prompt is {len(ids)} tokens; the model's context is {self.context_length}"
-            )
-        if request.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be at least 1, not {request.max_new_tokens}")
-        if not 0 < request.top_p <= 1 or request.temperature < 0:
-            raise EngineError("need temperature >= 0 and 0 < top_p <= 1")
-        generator = None
-        if request.temperature > 0:
-            seed = secrets.randbits(63) if request.seed is None else request.seed % 2**64
-            generator = torch.Generator().manual_seed(seed)
-        return _Row(
-            index=index,
-            request=request,
-            prompt_ids=ids,
-            max_new_tokens=min(request.max_new_tokens, self.context_length - len(ids)),
-            generator=generator,
-            stop=[s for s in request.stop if s],
-        )
+    def add(self, tokens: list[int]) -> None:
+        decode = self._tokenizer.decode
+        prefix = decode(tokens[self._prefix_offset : self._read_offset], skip_special_tokens=True)
+        window = decode(tokens[self._prefix_offset :], skip_special_tokens=True)
+        if len(window) > len(prefix) and not window.endswith("\ufffd"):
+            self.text += window[len(prefix) :]
+            self._prefix_offset, self._read_offset = self._read_offset, len(tokens)
 
-    def _decode(self, rows: list[_Row], abort: threading.Event) -> None:
-        """Generate every row to its end; results are left on the rows."""
-        # prefill each distinct prompt once, left-padded so that every row's last prompt
-        # token sits in the last column
-        groups: dict[str, int] = {}
-        prompts: list[list[int]] = []
-        row_group = []
-        for row in rows:
-            key = row.request.prompt_key() if self.share_prefix else str(row.index)
-            if key not in groups:
-                groups[key] = len(prompts)
-                prompts.append(row.prompt_ids)
-            row_group.append(groups[key])
-        width = max(len(p) for p in prompts)
-        input_ids = torch.tensor([[self.pad_id] * (width - len(p)) + p for p in prompts])
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
-        positions = (mask.cumsum(-1) - 1).clamp(min=0)
-        cache = DynamicCache(config=self.model.config)
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=mask,
-            position_ids=positions,
-            **{self.cache_arg: cache},
-            use_cache=True,
-            logits_to_keep=1,
-        )
-        self.stats.prefilled_prompts += len(prompts)
-        logits = out.logits[:, -1, :]
-        next_position = positions[:, -1] + 1
-        if len(prompts) < len(rows):
-            # each row gets its own copy of its prompt's KV cache
-            expand = torch.tensor(row_group)
-            cache.batch_select_indices(expand)
-            logits, mask, next_position = logits[expand], mask[expand], next_position[expand]
 
-        active = rows
-        while True:
-            for row, token, logprob in zip(active, *self._sample(logits, active), strict=True):
-                self._append(row, token, logprob)
-            stopping = abort.is_set() or self.closing.is_set()
-            for row in active:
-                if row.finish is None and (stopping or row.request.is_cancelled):
-                    row.finish = "cancelled"
-            keep = [i for i, row in enumerate(active) if row.finish is None]
-            if not keep:
-                return
-            if len(keep) < len(active):
-                # finished rows leave the batch and the KV cache: they cost nothing more
-                selected = torch.tensor(keep)
-                cache.batch_select_indices(selected)
-                mask, next_position = mask[selected], next_position[selected]
-                active = [active[i] for i in keep]
-            mask = torch.cat([mask, mask.new_ones(len(active), 1)], dim=1)
-            self.stats.decoded_rows += len(active)
-            out = self.model(
-                input_ids=torch.tensor([[row.tokens[-1]] for row in active]),
-                attention_mask=mask,
-                position_ids=next_position[:, None],
-                **{self.cache_arg: cache},
-                use_cache=True,
-            )
-            logits = out.logits[:, -1, :]
-            next_position = next_position + 1
+def _stop_position(text: str, stops: list[str]) -> int | None:
+    found = [p for p in (text.find(s) for s in stops) if p >= 0]
+    return min(found) if found else None
 
-    def _sample(self, logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
-        """Each row's next token and its log-probability under the unscaled logits.
 
-        A sampled row draws one uniform number per token from its own generator and picks
-        the token by inverse CDF over its own (row-wise computed) distribution, so its
-        choices depend on its seed and its logits alone, never on the other rows.
-        """
-        logits = logits.float()
-        chosen = logits.argmax(dim=-1)
-        # which path a row takes depends on its own top_p only, never on the other rows
-        for nucleus in (True, False):
-            picked = [
-                i
-                for i, row in enumerate(rows)
-                if row.generator is not None and (row.request.top_p < 1) == nucleus
-            ]
-            if picked:
-                chosen[picked] = self._draw(logits[picked], [rows[i] for i in picked], nucleus)
-        logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
-        return chosen.tolist(), logprobs.tolist()
+class _PrefixCache:
+    """Prompt KV caches by prompt, least recently used evicted first, bounded in bytes."""
 
-    @staticmethod
-    def _draw(logits: torch.Tensor, rows: list[_Row], nucleus: bool) -> torch.Tensor:
-        # a floor on the temperature keeps logits / temperature finite
-        temperature = torch.tensor([max(row.request.temperature, 1e-4) for row in rows])
-        probs = torch.softmax(logits / temperature[:, None], dim=-1)
-        order = None
-        if nucleus:
-            # keep the most likely tokens until their mass reaches top_p: a token is dropped
-            # when the mass before it already does
-            probs, order = probs.sort(dim=-1, descending=True)
-            top_p = torch.tensor([row.request.top_p for row in rows])
-            probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p[:, None], 0.0)
-        cdf = probs.cumsum(-1)
-        uniform = torch.stack([torch.rand((), generator=row.generator) for row in rows])
-        threshold = (uniform * cdf[:, -1])[:, None]
-        index = torch.searchsorted(cdf, threshold, right=True).clamp(max=cdf.shape[-1] - 1)
-        return (order.gather(1, index) if order is not None else index)[:, 0]
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
+        self._bytes = 0
 
-    def _append(self, row: _Row, token: int, logprob: float) -> None:
-        """Add a generated token to the row and decide whether the row is finished."""
-        row.tokens.append(token)
-        row.logprob_sum += logprob
-        if token in self.eos_ids or (row.stop and self._cut_at_stop(row)):
-            row.finish = "stop"
-        elif len(row.tokens) >= row.max_new_tokens:
-            row.finish = "length"
+    def get(self, key: tuple[int, ...]) -> Prefix | None:
+        prefix = self._entries.get(key)
+        if prefix is not None:
+            self._entries.move_to_end(key)
+        return prefix
 
-    def _cut_at_stop(self, row: _Row) -> bool:
-        """Whether a stop string appeared; if so, keep the text before it."""
-        # the whole completion is decoded again because a token may complete a character
-        # begun by the previous one; detokenizing is cheap next to a forward pass
-        text: str = self.tokenizer.decode(row.tokens, skip_special_tokens=True)
-        found = [p for p in (text.find(s) for s in row.stop) if p >= 0]
-        if not found:
-            return False
-        row.stopped_text = text[: min(found)]
-        return True
+    def put(self, key: tuple[int, ...], prefix: Prefix) -> None:
+        if prefix.nbytes > self.max_bytes or key in self._entries:
+            return
+        while self._entries and self._bytes + prefix.nbytes > self.max_bytes:
+            _, old = self._entries.popitem(last=False)
+            self._bytes -= old.nbytes
+        self._entries[key] = prefix
+        self._bytes += prefix.nbytes
+
+    def clear(self) -> None:
+        self._entries.clear()
+        self._bytes = 0
+
+
+def _sample(logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
+    """Each row's next token and its log-probability under the unscaled logits.
+
+    A sampled row draws one uniform number per token from its own generator and picks the
+    token by inverse CDF over its own (row-wise computed) distribution, so its choices
+    depend on its seed and its logits alone, never on the other rows.
+    """
+    logits = logits.float()
+    chosen = logits.argmax(dim=-1)
+    # which path a row takes depends on its own top_p only, never on the other rows
+    for nucleus in (True, False):
+        picked = [
+            i
+            for i, row in enumerate(rows)
+            if row.generator is not None and (row.request.top_p < 1) == nucleus
+        ]
+        if picked:
+            chosen[picked] = _draw(logits[picked], [rows[i] for i in picked], nucleus)
+    logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+    return chosen.tolist(), logprobs.tolist()
+
+
+def _draw(logits: torch.Tensor, rows: list[_Row], nucleus: bool) -> torch.Tensor:
+    # a floor on the temperature keeps logits / temperature finite
+    temperature = torch.tensor([max(row.request.temperature, 1e-4) for row in rows])
+    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    order = None
+    if nucleus:
+        # keep the most likely tokens until their mass reaches top_p: a token is dropped
+        # when the mass before it already does
+        probs, order = probs.sort(dim=-1, descending=True)
+        top_p = torch.tensor([row.request.top_p for row in rows])
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p[:, None], 0.0)
+    cdf = probs.cumsum(-1)
+    uniform = torch.stack([torch.rand((), generator=row.generator) for row in rows])
+    threshold = (uniform * cdf[:, -1])[:, None]
+    index = torch.searchsorted(cdf, threshold, right=True).clamp(max=cdf.shape[-1] - 1)
+    return (order.gather(1, index) if order is not None else index)[:, 0]
