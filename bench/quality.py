@@ -748,9 +748,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--temperature", type=float, default=0.5)
     parser.add_argument("--deep-temperature", type=float, default=0.4)
-    parser.add_argument("--batch-max-size", type=int, default=16)
+    parser.add_argument(
+        "--batch-max-size", type=int, default=16, help="PONDER_ENGINE_MAX_ROWS: rows at once"
+    )
     parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--in-flight", type=int, default=4)
+    parser.add_argument("--in-flight", type=int, default=3, help="problems run at once")
     parser.add_argument("--peer-limit", type=int, default=100)
     parser.add_argument("--live-limit", type=int, default=20)
     parser.add_argument("--write-calibration", action="store_true")

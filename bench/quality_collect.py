@@ -1,4 +1,5 @@
-"""Sample once: run every problem through ponder's worker runtime and record the samples.
+"""Sample once: run every problem through ponder's worker runtime and record the samples
+(``bench/quality.py collect`` runs it).
 
 For each problem two tasks run through the real service code (``WorkerRuntime`` over the
 embedded SQLite store: the strategy's prompts and plan, the batcher, the transformers
@@ -19,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import subprocess
 import tempfile
 import time
@@ -154,7 +154,7 @@ def bench_settings(workdir: Path, model: str, batch: int, threads: int) -> Any:
         sqlite_path=str(workdir / "collect.db"),
         node_id="qbench",
         torch_threads=threads,
-        batch_max_size=batch,
+        engine_max_rows=batch,
         worker_max_tasks=256,
         max_pending=100_000,
         modes={
@@ -321,30 +321,3 @@ async def _collect(
 
 def default_checkpoint(model: str) -> Path:
     return RESULTS / f"quality-samples-{model}.jsonl"
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    import argparse
-
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="smollm2-135m", help="PONDER_MODEL (or qwen0.5b)")
-    parser.add_argument("--datasets", default=",".join(DATASETS))
-    parser.add_argument("--size", type=int, default=75, help="problems per dataset")
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument("--max-new-tokens", type=int, default=256)
-    parser.add_argument("--temperature", type=float, default=TEMPERATURE)
-    parser.add_argument("--deep-temperature", type=float, default=DEEP_TEMPERATURE)
-    parser.add_argument("--batch-max-size", type=int, default=16)
-    parser.add_argument("--torch-threads", type=int, default=1)
-    parser.add_argument("--in-flight", type=int, default=4, help="problems run at once")
-    parser.add_argument("--checkpoint", type=Path, default=None)
-    args = parser.parse_args(argv)
-    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    args.checkpoint = args.checkpoint or default_checkpoint(args.model)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    raise SystemExit(asyncio.run(collect(args)))
-
-
-if __name__ == "__main__":
-    main()

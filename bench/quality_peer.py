@@ -52,7 +52,7 @@ def ponder_env(workdir: Path, port: int, model: str, batch: int, threads: int) -
         PONDER_MODEL=model,
         PONDER_SQLITE_PATH=str(workdir / "q.db"),
         PONDER_PORT=str(port),
-        PONDER_BATCH_MAX_SIZE=str(batch),
+        PONDER_ENGINE_MAX_ROWS=str(batch),
         PONDER_TORCH_THREADS=str(threads),
         PONDER_WORKER_MAX_TASKS="64",
         PONDER_MAX_PENDING="2000",

@@ -4,8 +4,11 @@ Every configuration here runs the service's own :class:`ponder.enhance.strategy.
 code (answer extraction, grouping, the weighted vote, the stop rule, the calibrated
 confidence) on samples recorded by ``bench/quality_collect.py``: sample ``i`` of a replay
 is the recorded sample ``i`` (same task id, index, seed and temperature as a live task
-would draw). Waves are replayed as the worker runs them: a wave's samples all finish
-before the stop rule looks, so the replay takes the same decisions as the service.
+would draw). The worker's launch policy is replayed too: the strategy's window of
+samples runs at once, the stop rule looks after each finished sample, and the next one
+starts while the vote is open. The replay takes samples to finish in index order; live,
+the shortest finishes first, which is where a live decision can differ (the live check
+counts how often).
 """
 
 from __future__ import annotations
@@ -113,7 +116,7 @@ class Replayer:
         tweak: Callable[[Strategy], None] | None = None,
     ) -> Outcome:
         """The strategy of ``mode`` over the recorded samples ``indices`` (in that order,
-        renumbered 0..), replaying its waves and stop rule."""
+        renumbered 0..), replaying its window of running samples and its stop rule."""
         recorded = [dict(record["runs"][mode]["samples"][i]) for i in indices]
         planned = len(recorded)
         strategy = self.strategy(
@@ -126,25 +129,30 @@ class Replayer:
         final = self.samples(strategy, recorded)
         live = [s.model_copy(update={"status": SampleStatus.queued}) for s in final]
         strategy.task.samples = live
-        launched = 0
-        for wave in strategy.waves(planned):
-            for i in range(launched, launched + wave):
-                live[i] = final[i]
-            launched += wave
-            strategy.task.samples = live
+        window = strategy.window(planned)
+        launched = min(window, planned)
+        finished = 0
+        while finished < planned:
+            # the worker keeps a window of samples running; they are taken to end in
+            # index order (live, the shortest ends first: see the live check)
+            for s in live[finished:launched]:
+                s.status = SampleStatus.running
+            live[finished] = final[finished]
+            finished += 1
             if strategy.stop(live).stop:
                 break
-        for s in live[launched:]:
+            launched = min(planned, finished + window)
+        for s in live[finished:]:
             s.status = SampleStatus.skipped
         fusion = strategy.fuse(live)
-        used = live[:launched]
+        used = live[:finished]
         answer = fusion.result.answer if fusion else None
         return Outcome(
             key=record["key"],
             dataset=record["dataset"],
             correct=self.correct(record, answer),
             answer=answer,
-            samples=launched,
+            samples=finished,
             tokens=sum(s.tokens.completion for s in used),
             confidence=fusion.result.confidence if fusion else None,
             features=self._features(strategy, live) if fusion else {},

@@ -13,26 +13,30 @@ from ponder.enhance.mathverify import MathVerifyPool, get_pool, shutdown_pool
 
 @pytest.fixture
 def pool() -> Iterator[MathVerifyPool]:
-    p = MathVerifyPool(timeout_s=1.0, max_pending=4)
+    p = MathVerifyPool(timeout_s=5.0, max_pending=4)
     yield p
     p.close()
 
 
 @pytest.mark.timeout(120)
-def test_equal_and_different_expressions(pool: MathVerifyPool) -> None:
-    assert pool.same("\\sqrt{4}", "2")
-    assert pool.same("x^2+2x+1", "(x+1)^2")
-    assert not pool.same("\\sqrt{2}", "2")
+def test_equal_and_different_expressions() -> None:
+    pool = MathVerifyPool(timeout_s=30.0)  # generous: the CPU may be shared
+    try:
+        assert pool.same("\\sqrt{4}", "2")
+        assert pool.same("x^2+2x+1", "(x+1)^2")
+        assert not pool.same("\\sqrt{2}", "2")
+    finally:
+        pool.close()
 
 
 @pytest.mark.timeout(120)
 def test_a_comparison_stuck_in_c_is_killed_and_the_worker_replaced(pool: MathVerifyPool) -> None:
     assert pool.same("\\sqrt{9}", "3")  # a warm worker
-    started = time.monotonic()
+    killed, started = pool.killed, time.monotonic()
     # time.sleep holds its worker inside C code, as a runaway sympy call would
-    assert pool.run(time.sleep, 30, default="timed out") == "timed out"
-    assert time.monotonic() - started < 20
-    assert pool.killed == 1
+    assert pool.run(time.sleep, 120, default="timed out") == "timed out"
+    assert time.monotonic() - started < 60
+    assert pool.killed == killed + 1
     assert pool.same("\\frac{1}{2}", "0.5")  # a fresh worker took the dead one's place
 
 

@@ -81,6 +81,14 @@ def test_the_plan_starts_from_greedy() -> None:
     assert [s.temperature for s in strategy("fast", 1).plan()] == [0.5]
 
 
+def test_deep_promotes_its_first_sample() -> None:
+    deep = strategy("deep", 3, priority=3)
+    plan = deep.plan()
+    assert [deep.priority(s) for s in plan] == [1, 3, 3]
+    standard = strategy("standard", 3, priority=3)
+    assert {standard.priority(s) for s in standard.plan()} == {3}
+
+
 def test_deep_spreads_paths_and_pot_only_for_math() -> None:
     assert [s.path for s in strategy("deep", 5).plan()] == [
         "cot",
@@ -94,11 +102,11 @@ def test_deep_spreads_paths_and_pot_only_for_math() -> None:
     assert {s.path for s in strategy("standard", 3).plan()} == {"cot"}
 
 
-def test_waves_only_with_early_stop() -> None:
-    assert strategy("standard", 8, early_stop=True).waves(8) == [3, 2, 2, 1]
-    assert strategy("standard", 8, early_stop=False).waves(8) == [8]
-    assert strategy("standard", 3, early_stop=True).waves(3) == [3]
-    assert strategy("fast", 1).waves(1) == [1]
+def test_the_window_of_running_samples() -> None:
+    assert strategy("standard", 8, early_stop=True).window(8) == 3
+    assert strategy("standard", 3, early_stop=True).window(3) == 2
+    assert strategy("standard", 8, early_stop=False).window(8) == 8
+    assert strategy("fast", 1).window(1) == 1
 
 
 def test_messages_carry_the_path_and_type_instruction() -> None:

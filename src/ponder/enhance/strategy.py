@@ -7,16 +7,16 @@
    (temperature 0), so the vote starts from the model's most likely answer and sampled
    answers overturn it only when enough of them agree; the others run at the task's
    temperature, each with a seed derived from the task id and its index.
-2. :meth:`Strategy.waves` — how many samples to start together. Decisions are taken at
-   wave boundaries only, on every sample of the waves so far, so the outcome does not
-   depend on which sample of a wave finishes first (the quality benchmark replays the
-   same decisions offline from recorded samples).
+2. :meth:`Strategy.window` — how many samples run at once while the vote is open; when
+   one ends and the vote is still open, the next starts (a slow sample does not hold
+   back the others).
 3. :meth:`Strategy.judge` — extract a finished sample's answer (running its program or
    the task's tests where there are any) and set its calibrated confidence.
-4. :meth:`Strategy.stop` — after a wave: stop when the estimated probability that the
-   leading answer stays the leader reaches the target (Adaptive-Consistency's Beta
-   criterion over the two largest groups; the request's ``target_confidence`` or the
-   mode's default), or when the samples left cannot change the leader.
+4. :meth:`Strategy.stop` — after each finished sample: stop when the estimated
+   probability that the leading answer stays the leader reaches the target
+   (Adaptive-Consistency's Beta criterion over the two largest groups; the request's
+   ``target_confidence`` or the mode's default), or when the samples left cannot change
+   the leader. The rest are skipped; :meth:`Strategy.saved` says what that saved.
 5. :meth:`Strategy.preliminary` — the anytime answer while samples run: a new one each
    time the leading answer or its confidence changes (rate-limited).
 6. :meth:`Strategy.fuse` — the vote: each sample weighs 1 (the greedy sample
@@ -24,9 +24,9 @@
    calibrated sample confidence); the heaviest group wins, ties go to the group with
    the lowest sample index. ``result.confidence`` is the calibrated probability that
    the answer is right (:mod:`ponder.enhance.calibration`).
-7. Deep mode only: spreads samples over reasoning paths (chain-of-thought,
-   decomposition, program-of-thought), promotes the first sample for an early answer,
-   and, when the vote is genuinely split, asks one clarifying question
+7. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
+   program-of-thought), promotes the first sample (:meth:`Strategy.priority`), and,
+   when the vote is genuinely split, asks one clarifying question
    (:meth:`Strategy.clarification_messages` / :meth:`Strategy.clarification`).
 """
 
@@ -38,7 +38,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar
 
 from ponder.config import Mode, ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
@@ -71,9 +71,6 @@ __all__ = [
 GREEDY_WEIGHT = 1.5
 #: CISC: a sample's vote is multiplied by exp(CONFIDENCE_POWER * its confidence)
 CONFIDENCE_POWER = 1.0
-#: the first wave of a voting mode, then waves of WAVE_STEP
-FIRST_WAVE = 3
-WAVE_STEP = 2
 #: a new preliminary answer needs its confidence to move by this much (or a new leader)
 PRELIMINARY_STEP = 0.05
 #: and at least this long since the last one
@@ -176,8 +173,6 @@ class Strategy:
     spreads_paths: ClassVar[bool] = False
     #: a preliminary answer while samples run
     anytime: ClassVar[bool] = False
-    #: ask a clarifying question when the vote is genuinely split
-    clarifies: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -231,14 +226,13 @@ class Strategy:
             p if p != "pot" or self.task_type == TaskType.math else "cot" for p in self.config.paths
         ]
 
-    def waves(self, planned: int) -> list[int]:
-        """Sizes of the launch waves over ``planned`` samples (they add up to it)."""
-        if not self.early_stop or planned <= FIRST_WAVE:
-            return [planned]
-        sizes = [FIRST_WAVE]
-        while sum(sizes) < planned:
-            sizes.append(min(WAVE_STEP, planned - sum(sizes)))
-        return sizes
+    def window(self, planned: int) -> int:
+        """How many samples run at once while the vote is open: all of them without early
+        stopping; with it, a strict majority of the planned ones, at most
+        ``early_stop_window``. When one ends and the vote is still open, the next starts."""
+        if not self.early_stop or planned <= 2:
+            return planned
+        return min(planned, planned // 2 + 1, self.settings.early_stop_window)
 
     def priority(self, sample: Sample) -> int:
         """The engine priority of a sample (0 is the most urgent)."""
@@ -363,7 +357,7 @@ class Strategy:
             chosen_sample=chosen.index,
             reasoning=_reasoning(chosen.text or ""),
         )
-        contested = self._contested(ranked) if self.clarifies else []
+        contested = self._contested(ranked) if self.config.clarify else []
         return Fusion(result=result, contested=contested)
 
     def _contested(self, ranked: Sequence[_Group]) -> list[str]:
@@ -380,7 +374,7 @@ class Strategy:
 
     # --- stopping -----------------------------------------------------------------------
     def stop(self, samples: Sequence[Sample]) -> StopCheck:
-        """After a wave: whether the rest of the samples can be skipped."""
+        """After a finished sample: whether the rest of the samples can be skipped."""
         remaining = sum(s.status in (SampleStatus.queued, SampleStatus.running) for s in samples)
         voters = [s for s in _done(samples) if s.answer is not None]
         if not voters:
@@ -485,9 +479,6 @@ class FastStrategy(Strategy):
 
     mode = Mode.fast
 
-    def waves(self, planned: int) -> list[int]:
-        return [planned]
-
 
 class StandardStrategy(Strategy):
     """N chain-of-thought samples (greedy first), the weighted vote, the Beta stop rule,
@@ -498,16 +489,16 @@ class StandardStrategy(Strategy):
 
 
 class DeepStrategy(Strategy):
-    """N samples over reasoning paths, the first one promoted for an early answer, and a
-    clarifying question when the vote is genuinely split."""
+    """N samples over reasoning paths, the first one promoted for an early answer (the
+    mode's ``progressive``), and a clarifying question when the vote is genuinely split
+    (the mode's ``clarify``)."""
 
     mode = Mode.deep
     spreads_paths = True
     anytime = True
-    clarifies = True
 
     def priority(self, sample: Sample) -> int:
-        if sample.index == 0:
+        if sample.index == 0 and self.config.progressive:
             return max(0, self.task.priority - self.settings.promote_first_by)
         return self.task.priority
 
@@ -528,50 +519,3 @@ def create_strategy(
             f"Unknown mode: {task.mode!r}; expected one of fast, standard, deep"
         ) from None
     return cls(task, settings, calibration=calibration)
-
-
-# --- what the worker calls until it drives Strategy objects (issue 10 is reworking its
-# sample loop; TaskRun moves to create_strategy once that has landed) ----------------------
-def plan_samples(task: Task, mode: ModeConfig) -> list[Sample]:
-    return _legacy(task).plan()
-
-
-def first_wave(planned: int, early_stop: bool, window: int) -> int:
-    if not early_stop or planned <= 2:
-        return planned
-    return min(planned, planned // 2 + 1, window)
-
-
-def sample_messages(task: Task, sample: Sample) -> list[dict[str, Any]]:
-    return _legacy(task).messages(sample)
-
-
-async def judge_sample(sample: Sample, task: Task, settings: Settings) -> None:
-    await create_strategy(task, settings).judge(sample)
-
-
-def decided(samples: Sequence[Sample], task_type: TaskType, window: int) -> bool:
-    task = Task(id="0000000000000-legacy-0", task_type=task_type, samples=list(samples),
-                samples_planned=len(samples), early_stop=True)  # fmt: skip
-    return _legacy(task).stop(samples).stop
-
-
-def fuse(
-    samples: Sequence[Sample], task_type: TaskType, settings: Settings, *, clarify: bool = False
-) -> Fusion | None:
-    mode: Literal["fast", "standard", "deep"] = (
-        "deep" if clarify else ("fast" if len(samples) == 1 else "standard")
-    )
-    task = Task(id="0000000000000-legacy-0", task_type=task_type, samples=list(samples),
-                samples_planned=len(samples), mode=mode)  # fmt: skip
-    return create_strategy(task, settings).fuse(samples)
-
-
-def clarification_messages(task: Task, contested: Sequence[str]) -> list[dict[str, Any]]:
-    return _legacy(task).clarification_messages(contested)
-
-
-def _legacy(task: Task) -> Strategy:
-    from ponder.config import get_settings
-
-    return create_strategy(task, get_settings())
