@@ -63,7 +63,7 @@ class ModeConfig(BaseModel):
     )
     progressive: bool = Field(
         default=False,
-        description="first sample at a promoted priority; a preliminary answer when it ends",
+        description="first sample at a promoted priority (deep mode)",
     )
     clarify: bool = Field(
         default=False, description="ask a clarifying question when the paths disagree"
@@ -194,7 +194,7 @@ class Settings(BaseSettings):
         default=0.3, ge=0, le=1, description="w_conf: weight of the group's mean confidence"
     )
     early_stop_window: int = Field(
-        default=3, ge=2, description="ESC window: this many unanimous answers end sampling"
+        default=3, ge=2, description="early stop: at most this many samples run at once"
     )
     clarify_below: float = Field(
         default=0.5, ge=0, le=1, description="deep mode asks a clarifying question below this"
