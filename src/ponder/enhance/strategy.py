@@ -169,8 +169,6 @@ class Strategy:
     """
 
     mode: ClassVar[Mode]
-    #: reasoning paths the samples are spread over (the mode's configured ``paths``)
-    spreads_paths: ClassVar[bool] = False
     #: a preliminary answer while samples run
     anytime: ClassVar[bool] = False
 
@@ -219,9 +217,7 @@ class Strategy:
         ]
 
     def _paths(self) -> list[str]:
-        if not self.spreads_paths:
-            return ["cot"]
-        # program-of-thought only suits math; other types use chain-of-thought instead
+        """The mode's ``paths``; program-of-thought only suits math (others use cot)."""
         return [
             p if p != "pot" or self.task_type == TaskType.math else "cot" for p in self.config.paths
         ]
@@ -235,7 +231,10 @@ class Strategy:
         return min(planned, planned // 2 + 1, self.settings.early_stop_window)
 
     def priority(self, sample: Sample) -> int:
-        """The engine priority of a sample (0 is the most urgent)."""
+        """The engine priority of a sample (0 is the most urgent): the first sample of a
+        ``progressive`` mode (deep, by default) is promoted for an early answer."""
+        if sample.index == 0 and self.config.progressive:
+            return max(0, self.task.priority - self.settings.promote_first_by)
         return self.task.priority
 
     def messages(self, sample: Sample) -> list[dict[str, Any]]:
@@ -489,18 +488,12 @@ class StandardStrategy(Strategy):
 
 
 class DeepStrategy(Strategy):
-    """N samples over reasoning paths, the first one promoted for an early answer (the
-    mode's ``progressive``), and a clarifying question when the vote is genuinely split
-    (the mode's ``clarify``)."""
+    """Like standard, with the deep mode's settings: samples over reasoning paths
+    (``paths``), the first one promoted for an early answer (``progressive``), and a
+    clarifying question when the vote is genuinely split (``clarify``)."""
 
     mode = Mode.deep
-    spreads_paths = True
     anytime = True
-
-    def priority(self, sample: Sample) -> int:
-        if sample.index == 0 and self.config.progressive:
-            return max(0, self.task.priority - self.settings.promote_first_by)
-        return self.task.priority
 
 
 _STRATEGIES: dict[Mode, type[Strategy]] = {
