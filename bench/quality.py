@@ -364,6 +364,14 @@ def live_check(rep: ModelReport) -> tuple[int, int, int]:
     return problems, matched, texts
 
 
+def collection_sessions(model: str) -> list[dict[str, Any]]:
+    """The collection runs of ``model``: each start line, completed by its end line."""
+    sessions: dict[str, dict[str, Any]] = {}
+    for line in read_records(default_checkpoint(model).with_suffix(".log")):
+        sessions.setdefault(line["start"], {}).update(line)
+    return list(sessions.values())
+
+
 def sample_notes(rep: ModelReport) -> str:
     """What the recorded samples look like: answers stated, truncation, length."""
     samples = [
@@ -604,7 +612,7 @@ def write_report(
     ]
     for rep in reports:
         n = len(rep.records)
-        sessions = read_records(default_checkpoint(rep.model).with_suffix(".log"))
+        sessions = collection_sessions(rep.model)
         wall = sum(s.get("wall_s", 0) for s in sessions)
         first = rep.records[0]
         lines += [
@@ -615,8 +623,9 @@ def write_report(
             f"{first['runs']['deep']['temperature']}, in {len(sessions)} session(s), "
             f"{wall / 3600:.2f} h of wall time in all: "
             + "; ".join(
-                f"{s['start']} → {s.get('end', '?')}, {s['problems']} problems, "
-                f"load at start `{s['load_start'].split('load average:')[-1].strip()}`"
+                f"{s['start']} → {s.get('end', 'still running or killed')}, "
+                f"{s.get('problems', '?')} problems, load at start "
+                f"`{s['load_start'].split('load average:')[-1].strip()}`"
                 for s in sessions
             )
             + ".",

@@ -243,8 +243,9 @@ async def _collect(
     from ponder.api.tasks import build_task
 
     log_path = checkpoint.with_suffix(".log")
-    session = {"start": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
-               "load_start": load_avg(), "problems": 0}  # fmt: skip
+    start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    append_record(log_path, {"start": start, "load_start": load_avg()})
+    problems_done = 0
 
     async def one(pos: int, problem: Problem) -> dict[str, Any]:
         t0 = time.monotonic()
@@ -302,7 +303,7 @@ async def _collect(
             for job in finished:
                 record = job.result()
                 append_record(checkpoint, record)
-                session["problems"] += 1
+                problems_done += 1
                 std = record["runs"]["standard"]["samples"]
                 greedy = std[0]["answer"]
                 print(
@@ -313,10 +314,10 @@ async def _collect(
     finally:
         for job in pending:
             job.cancel()
-        session["end"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-        session["wall_s"] = round(time.monotonic() - started, 1)
-        session["load_end"] = load_avg()
-        append_record(log_path, session)
+        end = {"start": start, "end": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
+               "wall_s": round(time.monotonic() - started, 1), "problems": problems_done,
+               "load_end": load_avg()}  # fmt: skip
+        append_record(log_path, end)
 
 
 def default_checkpoint(model: str) -> Path:

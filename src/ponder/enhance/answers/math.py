@@ -199,6 +199,7 @@ _WORDY = re.compile(r"^[A-Za-z]{2,}[A-Za-z]*\s+[A-Za-z]")
 _NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE)
 
 
+@functools.lru_cache(maxsize=4096)
 def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
     text = text[-TAIL_CHARS:]
     boxed = all_boxed(text)
@@ -276,6 +277,12 @@ def _final_statements(text: str) -> list[str]:
     return [ans for ans in (clean_math(r) for r in raw) if _looks_mathy(ans)]
 
 
+@functools.lru_cache(maxsize=4096)
+def _math_signals(text: str) -> float:
+    work = min(1.0, len(_WORK_STEP.findall(text[-TAIL_CHARS:])) / 3)
+    return statement_signals(work, [MathAnswer().key(s) for s in _final_statements(text)])
+
+
 @register
 class MathAnswer(AnswerType):
     task_type = TaskType.math
@@ -314,10 +321,7 @@ class MathAnswer(AnswerType):
         states two different final answers; restated: 1 for two or more agreeing final
         statements, 0.5 for one, 0.25 when the answer came from a stated result only.
         """
-        if answer is None:
-            return 0.0
-        work = min(1.0, len(_WORK_STEP.findall(text[-TAIL_CHARS:])) / 3)
-        return statement_signals(work, [self.key(s) for s in _final_statements(text)])
+        return 0.0 if answer is None else _math_signals(text)
 
     def claim(self, prompt: str, outputs: Sequence[str]) -> int:
         if _MATH_PROMPT.search(prompt):

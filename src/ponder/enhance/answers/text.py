@@ -23,6 +23,7 @@ negated or they differ in yes/no. Hyphenated words are one word ("mother" ≢
 from __future__ import annotations
 
 import difflib
+import functools
 import re
 import unicodedata
 from collections.abc import Sequence
@@ -150,6 +151,11 @@ def _only_restates(s: str, question: Question) -> bool:
     )
 
 
+@functools.lru_cache(maxsize=4096)
+def _short_answer(text: str, prompt: str) -> tuple[str | None, bool]:
+    return short_answer(text, TextAnswer().question(prompt) if prompt else Question())
+
+
 def _key_words(answer: str) -> list[str]:
     return [_stem(w) for w in text_words(answer) if w not in ("the", "a", "an")]
 
@@ -159,7 +165,7 @@ class TextAnswer(AnswerType):
     task_type = TaskType.text
 
     def extract(self, text: str, question: Question) -> str | None:
-        return short_answer(text, question)[0]
+        return _short_answer(text, question.prompt)[0]
 
     def key(self, answer: str) -> str:
         """The normalised words, articles dropped, plural -s removed."""
@@ -195,7 +201,7 @@ class TextAnswer(AnswerType):
         sentences did, 0 without one."""
         if answer is None:
             return 0.0
-        return 1.0 if short_answer(text, Question())[1] else 0.5
+        return 1.0 if _short_answer(text, "")[1] else 0.5
 
     def claim(self, prompt: str, outputs: Sequence[str]) -> int:
         return 1
