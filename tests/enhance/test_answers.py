@@ -485,6 +485,10 @@ QUESTION_2_2 = "What is 2 + 2?"
         # a number the question does not contain still counts
         ("You add 3 and 2, which results in 5.", "What is 3 + 2?", "5"),
         ("Truncated: 16 x 42 = 600.\nJohn exercises for 16 x", "Minutes?", "600"),
+        # a whole number is shown as one
+        ("The answer is 12.0.", "What is 6 * 2?", "12"),
+        ("The answer is -4.00", "What is 2 - 6?", "-4"),
+        ("The answer is 12.50", "Price?", "12.50"),
     ],
 )
 def test_math_extraction_reads_restatements(text: str, prompt: str, expected: str | None) -> None:

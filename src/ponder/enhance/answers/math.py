@@ -195,6 +195,7 @@ def _math_key_of(number: str) -> str:
     return str(value) if value is not None else number
 
 
+_ZERO_FRACTION = re.compile(r"^-?\d+\.0+$")
 _WORDY = re.compile(r"^[A-Za-z]{2,}[A-Za-z]*\s+[A-Za-z]")
 _NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE)
 
@@ -288,9 +289,13 @@ class MathAnswer(AnswerType):
     task_type = TaskType.math
 
     def extract(self, text: str, question: Question) -> str | None:
-        return extract_math(
-            text, question_numbers(question.prompt) if question.prompt else frozenset()
-        )
+        """The final stated answer; a whole number written with a zero fraction ("12.0")
+        is shown as the whole number."""
+        asked = question_numbers(question.prompt) if question.prompt else frozenset()
+        answer = extract_math(text, asked)
+        if answer is not None and _ZERO_FRACTION.match(answer):
+            return answer.split(".", 1)[0]
+        return answer
 
     def key(self, answer: str) -> str:
         """A plain rational as ``str(Fraction)`` ("12" for 12, 12.0, 1,234 → "1234",
