@@ -6,14 +6,15 @@ confidence) on samples recorded by ``bench/quality_collect.py``: sample ``i`` of
 is the recorded sample ``i`` (same task id, index, seed and temperature as a live task
 would draw). The worker's launch policy is replayed too: the strategy's window of
 samples runs at once, the stop rule looks after each finished sample, and the next one
-starts while the vote is open. The replay takes samples to finish in index order; live,
-the shortest finishes first, which is where a live decision can differ (the live check
-counts how often).
+starts while the vote is open; a sample is taken to end ``completion_tokens`` engine
+steps after it started, as on the continuous engine (the live check counts how often a
+live decision differs).
 """
 
 from __future__ import annotations
 
 import hashlib
+import heapq
 import math
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -129,35 +130,56 @@ class Replayer:
         final = self.samples(strategy, recorded)
         live = [s.model_copy(update={"status": SampleStatus.queued}) for s in final]
         strategy.task.samples = live
-        window = strategy.window(planned)
-        launched = min(window, planned)
-        finished = 0
-        while finished < planned:
-            # the worker keeps a window of samples running; they are taken to end in
-            # index order (live, the shortest ends first: see the live check)
-            for s in live[finished:launched]:
-                s.status = SampleStatus.running
-            live[finished] = final[finished]
-            finished += 1
-            if strategy.stop(live).stop:
-                break
-            launched = min(planned, finished + window)
-        for s in live[finished:]:
-            s.status = SampleStatus.skipped
+        used = self._launch(strategy, live, final)
         fusion = strategy.fuse(live)
-        used = live[:finished]
         answer = fusion.result.answer if fusion else None
         return Outcome(
             key=record["key"],
             dataset=record["dataset"],
             correct=self.correct(record, answer),
             answer=answer,
-            samples=finished,
+            samples=len(used),
             tokens=sum(s.tokens.completion for s in used),
             confidence=fusion.result.confidence if fusion else None,
             features=self._features(strategy, live) if fusion else {},
             greedy_in=any(s.temperature == 0 for s in used),
         )
+
+    @staticmethod
+    def _launch(strategy: Strategy, live: list[Sample], final: Sequence[Sample]) -> list[Sample]:
+        """Replay the worker's launch policy; the samples that finished (in ``live``, the
+        others end skipped).
+
+        The strategy's window of samples runs at once; the stop rule looks after each
+        finished sample; while the vote is open, the next sample starts. As on the
+        continuous engine, a sample ends ``completion_tokens`` steps after it started
+        (ties: by index); a prefill or a promoted priority is not modelled.
+        """
+        planned = len(live)
+        window = strategy.window(planned)
+        running: list[tuple[int, int, int]] = []  # (finish step, index, start step)
+        started = 0
+
+        def start(at: int) -> None:
+            nonlocal started
+            live[started].status = SampleStatus.running
+            heapq.heappush(running, (at + final[started].tokens.completion, started, at))
+            started += 1
+
+        for _ in range(min(window, planned)):
+            start(0)
+        finished: list[int] = []
+        while running:
+            at, index, _ = heapq.heappop(running)
+            live[index] = final[index]
+            finished.append(index)
+            if strategy.stop(live).stop:
+                break
+            while started < planned and len(running) < window:
+                start(at)
+        for k in set(range(planned)) - set(finished):
+            live[k] = live[k].model_copy(update={"status": SampleStatus.skipped})
+        return [final[k] for k in finished]
 
     @staticmethod
     def _features(strategy: Strategy, samples: Sequence[Sample]) -> dict[str, float]:
