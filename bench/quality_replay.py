@@ -26,7 +26,6 @@ from ponder.enhance.calibration import (
     SAMPLE_FEATURES,
     Calibration,
     LogisticModel,
-    result_features,
     sample_features,
 )
 from ponder.enhance.strategy import Strategy, create_strategy
@@ -141,7 +140,7 @@ class Replayer:
             samples=len(used),
             tokens=sum(s.tokens.completion for s in used),
             confidence=fusion.result.confidence if fusion else None,
-            features=self._features(strategy, live) if fusion else {},
+            features=fusion.features if fusion else {},
             greedy_in=any(s.temperature == 0 for s in used),
         )
 
@@ -180,25 +179,6 @@ class Replayer:
         for k in set(range(planned)) - set(finished):
             live[k] = live[k].model_copy(update={"status": SampleStatus.skipped})
         return [final[k] for k in finished]
-
-    @staticmethod
-    def _features(strategy: Strategy, samples: Sequence[Sample]) -> dict[str, float]:
-        """The result features the strategy's fuse computed (recomputed for the fit)."""
-        done = [s for s in samples if s.status == SampleStatus.done]
-        voters = [s for s in done if s.answer is not None]
-        if not voters:
-            return {}
-        ranked = strategy._groups(voters)
-        winner = ranked[0]
-        return result_features(
-            votes=len(winner.samples),
-            runner_up=len(ranked[1].samples) if len(ranked) > 1 else 0,
-            finished=len(done),
-            greedy_agrees=any(s.temperature == 0 for s in winner.samples),
-            logprobs=[s.mean_logprob for s in winner.samples],
-            signals=[strategy.answers.signals(s.text or "", s.answer) for s in winner.samples],
-            confidences=[s.confidence or 0.0 for s in winner.samples],
-        ) | {"votes": float(len(winner.samples)), "finished": float(len(done))}
 
     def majority(self, record: dict[str, Any], indices: Sequence[int]) -> Outcome:
         """Plain self-consistency: the most frequent answer (ponder's extraction and

@@ -37,7 +37,7 @@ import math
 import re
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from ponder.config import Mode, ModeConfig, Settings
@@ -136,6 +136,8 @@ class Fusion:
     result: Result
     #: the competing answers, best first, when the vote is genuinely split (deep mode)
     contested: list[str]
+    #: what the result's confidence was computed from (see ponder.enhance.calibration)
+    features: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
@@ -357,7 +359,7 @@ class Strategy:
             reasoning=_reasoning(chosen.text or ""),
         )
         contested = self._contested(ranked) if self.config.clarify else []
-        return Fusion(result=result, contested=contested)
+        return Fusion(result=result, contested=contested, features=features)
 
     def _contested(self, ranked: Sequence[_Group]) -> list[str]:
         """The competing answers when the vote is genuinely split: the winner has at most
