@@ -411,6 +411,7 @@ class TaskRun:
                 if not done:
                     break
                 events = self._collect(jobs)
+                first_preliminary = task.preliminary is None
                 events += await self._preliminary()
                 if (await self._off_loop(strategy.stop)).stop:
                     events += self._collect(jobs)  # samples that ended meanwhile still count
@@ -428,7 +429,13 @@ class TaskRun:
                     launch(wave - len(jobs))
                 self._count()
                 await self._save(events)
-                if task.callback is not None and any(e[0] == "preliminary" for e in events):
+                # the first preliminary answer goes out as a webhook; later ones (each
+                # change of the leader) only as events
+                if (
+                    task.callback is not None
+                    and first_preliminary
+                    and any(e[0] == "preliminary" for e in events)
+                ):
                     self.worker.spawn_delivery(task.id, "task.preliminary")
         finally:
             await self._end_jobs(jobs)
