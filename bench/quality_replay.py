@@ -202,7 +202,7 @@ class Replayer:
                     if s.status != SampleStatus.done:
                         continue
                     signals = strategy.answers.signals(s.text or "", s.answer)
-                    feats = sample_features(s.mean_logprob, signals, s.finish_reason)
+                    feats = sample_features(s.mean_logprob, signals, s.finish_reason, s.text or "")
                     rows.append(
                         (feats, s.answer is not None and self.correct(record, s.answer), mode)
                     )

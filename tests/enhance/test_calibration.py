@@ -47,7 +47,10 @@ def test_features_handle_missing_log_probabilities() -> None:
         "mean_logprob": -2.5,
         "signals": 1.0,
         "truncated": 1.0,
+        "repetition": 0.0,
     }
+    looping = "Dave is married.\nDave is married.\nDave is married.\nSo 4."
+    assert sample_features(-0.1, 1.0, "length", looping)["repetition"] == 0.5
     assert sample_features(-40.0, 0.0, "stop")["mean_logprob"] == -5.0
     f = result_features(
         votes=3,

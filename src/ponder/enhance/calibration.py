@@ -5,7 +5,8 @@ quality benchmark's recorded samples and shipped as package data
 (``calibration.json``):
 
 * per sample: P(this sample's answer is right) from its mean token log-probability,
-  its answer type's reasoning signals and whether it hit the token limit;
+  how much of its text repeats itself, its answer type's reasoning signals and whether
+  it hit the token limit;
 * per mode, for the fused result: P(the voted answer is right) from the vote (the
   winner's share of the finished samples, its margin over the runner-up, how many
   samples finished, whether the greedy sample agrees) and the winner's samples (mean
@@ -39,7 +40,7 @@ __all__ = [
     "sample_features",
 ]
 
-SAMPLE_FEATURES = ("mean_logprob", "signals", "truncated")
+SAMPLE_FEATURES = ("mean_logprob", "signals", "truncated", "repetition")
 RESULT_FEATURES = (
     "share",
     "margin",
@@ -117,12 +118,18 @@ def _logprob(value: float | None) -> float:
 
 
 def sample_features(
-    mean_logprob: float | None, signals: float, finish_reason: str | None
+    mean_logprob: float | None, signals: float, finish_reason: str | None, text: str = ""
 ) -> dict[str, float]:
+    """A sample's features: its mean token log-probability (a looping text is likely
+    token by token, so also ``repetition``: the share of its lines that repeat an earlier
+    one), its answer type's signals, and whether it hit the token limit."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    repeated = (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
     return {
         "mean_logprob": _logprob(mean_logprob),
         "signals": signals,
         "truncated": 1.0 if finish_reason == "length" else 0.0,
+        "repetition": repeated,
     }
 
 

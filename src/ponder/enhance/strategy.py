@@ -293,7 +293,9 @@ class Strategy:
         if sample.answer is None:
             return 0.0
         signals = self.answers.signals(sample.text or "", sample.answer)
-        features = sample_features(sample.mean_logprob, signals, sample.finish_reason)
+        features = sample_features(
+            sample.mean_logprob, signals, sample.finish_reason, sample.text or ""
+        )
         return round(self.calibration.sample_confidence(features), 4)
 
     # --- the vote -----------------------------------------------------------------------
