@@ -323,7 +323,26 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
         ),
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
     }
-    return Calibration(sample_model, modes, info), {"grid": grid}
+    return Calibration(sample_model, modes, info), {"grid": grid, "targets": fit_targets(reports)}
+
+
+def fit_targets(reports: Sequence[ModelReport]) -> dict[float, tuple[int, int, float]]:
+    """On the fit half, N=8: per stop-rule target, (correct with the stop rule, correct
+    without it, mean samples) — the default target is chosen from this table."""
+    out: dict[float, tuple[int, int, float]] = {}
+    fit = [(rep, x) for rep in reports for x in rep.records if half_of(x["key"]) == 0]
+    full = sum(rep.replayer.run(x, "standard", list(range(8))).correct for rep, x in fit)
+    for target in TARGETS:
+        runs = [
+            rep.replayer.run(x, "standard", list(range(8)), early_stop=True, target=target)
+            for rep, x in fit
+        ]
+        out[target] = (
+            sum(o.correct for o in runs),
+            full,
+            sum(o.samples for o in runs) / max(1, len(runs)),
+        )
+    return out
 
 
 def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float, bool]]]:
@@ -734,6 +753,10 @@ def write_report(
         "Vote weights on the fit half (greedy weight / CISC power: correct at N=3,5,8):",
         "",
         ", ".join(f"{k}: {v}" for k, v in fit_info["grid"].items()),
+        "",
+        "Stop-rule targets on the fit half (N=8; correct with / without the stop rule, "
+        "mean samples): "
+        + ", ".join(f"{t}: {a}/{b}, {m:.2f}" for t, (a, b, m) in fit_info["targets"].items()),
         "",
         f"![accuracy and reliability]({png.name})",
         "",
