@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: peer-optillm install install-qwen serve test lint fmt bench-batching bench-engine bench-quality chaos soak peers clean
+.PHONY: install install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch chaos soak peers clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -50,6 +50,9 @@ fmt: install
 bench-batching: install
 	$(PY) bench/batching.py
 
+bench-continuous: install
+	$(PY) bench/continuous.py
+
 bench-engine: install
 	$(PY) bench/engine.py
 
@@ -57,6 +60,10 @@ bench-engine: install
 ## offline replay and calibration fit (bench/results/quality.md). Hours on a 2-core CPU.
 bench-quality: install install-qwen peer-optillm
 	nice -n 19 $(PY) bench/quality.py all --write-calibration
+
+## A 2,000-line batch under interactive load at 50 % of capacity (own redis-server).
+bench-batch: install
+	$(PY) bench/batch.py
 
 ## Reliability runs, each over its own redis-server on a free port (never the shared one):
 ## workers SIGKILLed + a Redis restart (bench/results/chaos.md); 20,000 submits at 2x the

@@ -3,7 +3,8 @@
 Run with ``make bench-batching`` (``.venv/bin/python bench/batching.py``). Writes
 ``bench/results/batching.md`` and ``bench/results/batching.png``.
 
-The engine is ponder's :class:`ScriptedEngine` with a latency model of
+The engine is a whole-batch test double (:class:`BatchLatencyEngine`, answering like
+ponder's scripted engine) with a latency model of
 ``200 ms + 6.7 ms per item`` per call (an A100's figures scaled 10x), so one batch of 8
 takes 253.6 ms and the ideal full-batch throughput is 8 / 0.2536 s = 31.5 requests/s.
 Arrivals are open-loop Poisson at 10 %, 50 %, 90 % and 150 % of that capacity, seeded, the
@@ -55,8 +56,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))  # the peers venv runs this file without ponder installed
 
 from ponder.engines.base import BaseEngine, BatchResult, SampleOutput, SampleRequest  # noqa: E402
-from ponder.engines.scripted import ScriptedEngine  # noqa: E402
-from ponder.errors import BatcherFull  # noqa: E402
+from ponder.errors import EngineBusy  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 PEERS_PYTHON = ROOT / ".venv-peers" / "bin" / "python"
@@ -126,8 +126,24 @@ def workload(
 # --- engine wrapper --------------------------------------------------------------------
 
 
+class BatchLatencyEngine(BaseEngine):
+    """A whole-batch engine: each call takes ``batch_time_s(len(batch))``, one answer per
+    row (what the batching systems here put in front of an accelerator)."""
+
+    name = "batch-latency"
+
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        (result,) = await self.generate([request])
+        assert isinstance(result, SampleOutput)
+        return result
+
+    async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
+        await asyncio.sleep(batch_time_s(len(batch)))
+        return [SampleOutput(text="The answer is 1.", completion_tokens=5) for _ in batch]
+
+
 class RecordingEngine(BaseEngine):
-    """Delegates to the scripted engine; records each call's sizes, lengths and times."""
+    """Delegates to the inner engine; records each call's sizes, lengths and times."""
 
     name = "recording"
 
@@ -136,6 +152,12 @@ class RecordingEngine(BaseEngine):
         self.calls: list[tuple[list[int], float, float]] = []
         #: id(request) -> (start, end) of the call that ran it last
         self.spans: dict[int, tuple[float, float]] = {}
+
+    async def submit(self, request: SampleRequest) -> SampleOutput:
+        (result,) = await self.generate([request])
+        if not isinstance(result, SampleOutput):
+            raise result
+        return result
 
     async def generate(self, batch: Sequence[SampleRequest]) -> BatchResult:
         start = time.monotonic()
@@ -151,7 +173,7 @@ class RecordingEngine(BaseEngine):
 
 
 def make_engine() -> RecordingEngine:
-    return RecordingEngine(ScriptedEngine(batch_ms=(BASE_MS, PER_ITEM_MS)))
+    return RecordingEngine(BatchLatencyEngine())
 
 
 # --- systems ---------------------------------------------------------------------------
@@ -290,7 +312,7 @@ async def drive(
             try:
                 await submit(request)
                 break
-            except BatcherFull:  # the worker's behaviour: back off and retry
+            except EngineBusy:  # the worker's behaviour: back off and retry
                 await asyncio.sleep(delay_s)
                 delay_s = min(2 * delay_s, 0.5)
         now = loop.time()

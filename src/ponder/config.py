@@ -232,6 +232,12 @@ class Settings(BaseSettings):
     engine_prefix_cache_mb: float = Field(
         default=64.0, ge=0, description="prompt KV caches kept for reuse (LRU), MB; 0 = off"
     )
+    engine_preempt_after_ms: float = Field(
+        default=500.0,
+        ge=0,
+        description="with every slot taken, a row that waited this long preempts a running "
+        "row at least two priority levels less urgent (it resumes later); 0 = never",
+    )
     # the static batcher (PONDER_BATCHING=static)
     batch_max_size: int = Field(default=8, ge=1, description="static: requests per engine call")
     batch_max_wait_ms: float = Field(
@@ -298,6 +304,47 @@ class Settings(BaseSettings):
     callback_allow_private: bool = Field(
         default=False,
         description="accept callback URLs on loopback/private/link-local addresses (tests)",
+    )
+
+    # --- the OpenAI-compatible asynchronous APIs: responses, files, batches -------------
+    webhook_url: str | None = Field(
+        default=None,
+        description="where response.* and batch.* webhooks go (OpenAI's shape) for background "
+        "responses and batches that name no webhook_url of their own; unset = none",
+    )
+    files_dir: str | None = Field(
+        default=None,
+        description="directory for the contents of uploaded and batch output files (large "
+        "files; shared by every process); unset = in the store",
+    )
+    files_max_bytes: int = Field(
+        default=33_554_432, ge=1024, description="largest file upload (bytes)"
+    )
+    files_ttl_s: int = Field(
+        default=2_592_000, ge=60, description="how long files are kept (30 days, as OpenAI's)"
+    )
+    batch_max_lines: int = Field(
+        default=50_000, ge=1, description="most requests in one batch input file"
+    )
+    batch_priority: int = Field(
+        default=5, ge=0, le=5, description="priority of the tasks of batch lines"
+    )
+    batch_max_in_flight: int = Field(
+        default=8,
+        ge=1,
+        description="batch lines admitted and not yet finished, over all batches (default: "
+        "half a worker's engine rows); the most batch lines pending at once (their own "
+        "backlog: never counted in max_pending)",
+    )
+    batch_interactive_share: float = Field(
+        default=0.5,
+        gt=0,
+        le=1,
+        description="admit batch lines only while other pending tasks are below this share "
+        "of max_pending",
+    )
+    batch_tick_s: float = Field(
+        default=0.2, gt=0, description="interval of the batch feeder's control loop"
     )
 
     @field_validator("api_keys", mode="before")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import logging
 
+from ponder.batch_feeder import BatchFeeder
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
@@ -59,12 +60,16 @@ class WorkerRuntime:
             for i in range(workers)
         ]
         self._loops: list[asyncio.Task[None]] = []
+        # the Batch API's feeder and OpenAI-shaped webhooks (one process at a time: a lease)
+        self.feeder = BatchFeeder(store, settings, self.webhooks, holder=f"{settings.node_id}-f")
+        self._feeder_loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.engine.start()
         if self.batcher is not None:
             await self.batcher.start()
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
+        self._feeder_loop = asyncio.create_task(self.feeder.run(), name="batch-feeder")
         log.info(
             "%d worker(s) running engine %r (%s), %s batching",
             len(self.workers),
@@ -81,7 +86,9 @@ class WorkerRuntime:
         """Stop claiming, let running tasks finish within the grace period, close."""
         for worker in self.workers:
             worker.stop()
-        results = await asyncio.gather(*self._loops, return_exceptions=True)
+        self.feeder.stop()
+        loops = [*self._loops, *([self._feeder_loop] if self._feeder_loop else [])]
+        results = await asyncio.gather(*loops, return_exceptions=True)
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("worker loop ended with an error", exc_info=result)

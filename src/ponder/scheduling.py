@@ -156,6 +156,14 @@ class AdmissionQueue(Generic[_Q]):
             self._levels[item.priority][item] = None
             self._size += 1
 
+    def requeue(self, item: _Q) -> None:
+        """Put ``item`` back at the head of its priority (it was taken before); the size
+        limit does not apply: the item was accepted once."""
+        with self._lock:
+            level = self._levels[item.priority]
+            self._levels[item.priority] = {item: None, **level}
+            self._size += 1
+
     def discard(self, item: _Q) -> bool:
         """Remove ``item`` if it still waits; whether it did."""
         with self._lock:
@@ -187,11 +195,14 @@ class AdmissionQueue(Generic[_Q]):
             self._size = 0
             return items
 
+    def heads(self) -> list[tuple[int, float]]:
+        """``(priority, arrival)`` of the head of each non-empty priority."""
+        with self._lock:
+            return [(p, next(iter(lv)).arrival) for p, lv in enumerate(self._levels) if lv]
+
     def oldest_arrival(self) -> float | None:
         """When the longest-waiting item arrived (None when empty)."""
-        with self._lock:
-            heads = [next(iter(level)).arrival for level in self._levels if level]
-            return min(heads) if heads else None
+        return min((arrival for _, arrival in self.heads()), default=None)
 
     def depths(self) -> list[int]:
         """How many wait at each priority."""

@@ -217,3 +217,70 @@ async def test_closing_fails_waiting_rows_and_later_submits() -> None:
         await call
     with pytest.raises(EngineDeadError):
         await engine.submit(req("x"))
+
+
+async def test_an_overdue_urgent_row_preempts_a_much_less_urgent_one() -> None:
+    engine = ScriptedEngine(step_ms=(2, 0), max_rows=1, preempt_after_ms=50)
+    try:
+        running = asyncio.Event()
+        low = req("[[tokens: 300]]", max_new_tokens=300, priority=5)
+        low.on_text = lambda _: running.set()
+        background = asyncio.create_task(engine.submit(low))
+        await asyncio.wait_for(running.wait(), 5)
+        same_level = asyncio.create_task(engine.submit(req("[[tokens: 2]]", priority=4)))
+        urgent = await asyncio.wait_for(engine.submit(req("[[tokens: 3]]", priority=1)), 5)
+        assert urgent.completion_tokens == 3
+        assert not background.done()  # it resumes after the urgent row
+        resumed = await asyncio.wait_for(background, 10)
+        await same_level
+    finally:
+        await engine.close()
+    assert engine.stats.preempted == 1  # priority 4 is not 2 levels above 5: no preemption
+    uninterrupted = ScriptedEngine()
+    try:
+        alone = await uninterrupted.submit(req("[[tokens: 300]]", max_new_tokens=300))
+    finally:
+        await uninterrupted.close()
+    assert (resumed.text, resumed.completion_tokens) == (alone.text, alone.completion_tokens)
+
+
+async def test_without_preemption_an_urgent_row_waits_for_a_slot() -> None:
+    engine = ScriptedEngine(step_ms=(2, 0), max_rows=1)
+    try:
+        running = asyncio.Event()
+        low = req("[[tokens: 100]]", max_new_tokens=100, priority=5)
+        low.on_text = lambda _: running.set()
+        background = asyncio.create_task(engine.submit(low))
+        await asyncio.wait_for(running.wait(), 5)
+        urgent = asyncio.create_task(engine.submit(req("[[tokens: 3]]", priority=0)))
+        done, _ = await asyncio.wait({background, urgent}, return_when=asyncio.FIRST_COMPLETED)
+        assert done == {background}
+        await urgent
+    finally:
+        await engine.close()
+    assert engine.stats.preempted == 0
+
+
+async def test_the_most_urgent_waiting_row_is_admitted_first() -> None:
+    """Deep mode's promoted first sample (two levels up) starts ahead of its siblings."""
+    engine = ScriptedEngine(step_ms=(1, 0), max_rows=1)
+    order: list[int] = []
+    try:
+        running = asyncio.Event()
+        blocker = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: running.set())
+        blocking = asyncio.create_task(engine.submit(blocker))
+        await asyncio.wait_for(running.wait(), 5)
+
+        async def sample(index: int, priority: int) -> None:
+            await engine.submit(req("[[tokens: 2]]", index, priority=priority))
+            order.append(index)
+
+        jobs = [asyncio.create_task(sample(i, 3)) for i in (1, 2, 3, 4)]
+        jobs.append(asyncio.create_task(sample(0, 1)))  # submitted last, promoted
+        await asyncio.sleep(0.05)
+        blocker.cancel()
+        await asyncio.wait_for(asyncio.gather(*jobs), 5)
+        await blocking
+    finally:
+        await engine.close()
+    assert order[0] == 0

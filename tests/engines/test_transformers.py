@@ -188,10 +188,11 @@ async def test_rows_sharing_a_prompt_prefill_it_once(model_engine: TransformersE
         same(a, b)
 
 
-async def test_greedy_text_is_the_same_alone_in_a_static_batch_and_joining_mid_run(
+async def test_a_row_s_text_is_the_same_alone_in_a_static_batch_and_joining_mid_run(
     model_engine: TransformersEngine,
 ) -> None:
     alone = (await run(model_engine, greedy(CAPITAL, 16)))[0]
+    seeded_alone = (await run(model_engine, sampled(HAIKU, 11)))[0]
     static = await run(model_engine, greedy(HAIKU, 16), greedy(CAPITAL, 16), greedy("Hi", 16))
     streaming = asyncio.Event()
     long = asyncio.create_task(
@@ -201,22 +202,26 @@ async def test_greedy_text_is_the_same_alone_in_a_static_batch_and_joining_mid_r
     )
     await asyncio.wait_for(streaming.wait(), 30)  # the long row is running
     joined_before = model_engine.stats.joined_running
-    joining = await model_engine.submit(greedy(CAPITAL, 16))
+    joining, seeded_joining = await asyncio.gather(
+        model_engine.submit(greedy(CAPITAL, 16)), model_engine.submit(sampled(HAIKU, 11))
+    )
     assert model_engine.stats.joined_running > joined_before
-    assert not long.done()  # the short row ended while the long one ran on
+    assert not long.done()  # the short rows ended while the long one ran on
     same(alone, static[1])
     same(alone, joining)
+    same(seeded_alone, seeded_joining)
     assert ok(await long).completion_tokens == 80
 
 
+@pytest.mark.timeout(180)
 async def test_a_short_answer_beside_an_essay_ends_first(model_engine: TransformersEngine) -> None:
-    essay = asyncio.create_task(model_engine.submit(greedy(STORY, 200)))
+    essay = asyncio.create_task(model_engine.submit(greedy(STORY, 120)))
     await asyncio.sleep(0.2)
     short = asyncio.create_task(model_engine.submit(greedy("What is 3 + 3?", 16)))
     done, _ = await asyncio.wait({essay, short}, return_when=asyncio.FIRST_COMPLETED)
     assert done == {short}
     assert ok(await short).finish_reason in ("stop", "length")
-    assert ok(await essay).completion_tokens == 200
+    assert ok(await essay).completion_tokens == 120
 
 
 async def test_text_streams_while_the_row_runs(model_engine: TransformersEngine) -> None:
@@ -245,6 +250,7 @@ async def test_a_row_over_its_limit_returns_its_text_so_far(
     assert len(output.token_logprobs) == output.completion_tokens
 
 
+@pytest.mark.timeout(240)
 async def test_a_long_prompt_is_prefilled_in_chunks_between_steps(
     model_engine: TransformersEngine,
 ) -> None:
@@ -254,7 +260,7 @@ async def test_a_long_prompt_is_prefilled_in_chunks_between_steps(
     streaming = asyncio.Event()
     runner = asyncio.create_task(
         model_engine.submit(
-            SampleRequest(prompt=STORY, max_new_tokens=60, on_text=lambda _: streaming.set())
+            SampleRequest(prompt=STORY, max_new_tokens=40, on_text=lambda _: streaming.set())
         )
     )
     await asyncio.wait_for(streaming.wait(), 30)  # the row is running
@@ -337,3 +343,26 @@ class ActOnCheck(threading.Event):
         if self.checks_left == 0:
             self.action()
         return super().is_set()
+
+
+async def test_a_preempted_row_resumes_with_the_same_text(
+    model_engine: TransformersEngine,
+) -> None:
+    alone = await model_engine.submit(greedy(STORY, 40))
+    rows, preempt = model_engine.max_rows, model_engine.preempt_after_s
+    model_engine.max_rows, model_engine.preempt_after_s = 1, 0.05
+    try:
+        streaming = asyncio.Event()
+        low = SampleRequest(
+            prompt=STORY, max_new_tokens=40, priority=5, on_text=lambda _: streaming.set()
+        )
+        background = asyncio.create_task(model_engine.submit(low))
+        await asyncio.wait_for(streaming.wait(), 30)
+        before = model_engine.stats.preempted
+        urgent = await model_engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4))
+        assert urgent.completion_tokens == 4
+        resumed = await background
+        assert model_engine.stats.preempted == before + 1
+    finally:
+        model_engine.max_rows, model_engine.preempt_after_s = rows, preempt
+    same(alone, resumed)

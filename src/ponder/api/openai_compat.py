@@ -21,8 +21,6 @@ the answer cancels its task: nobody else is waiting for it.
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import json
 import logging
 from collections.abc import AsyncIterator
@@ -33,18 +31,29 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ponder import metrics
-from ponder.api.deps import AppState, check_rate, get_owner, get_state
-from ponder.api.errors import ApiError
+from ponder.api.deps import AppState, get_state
 from ponder.api.events import follow_events, is_final
+from ponder.api.openai_common import (
+    OpenAIError,
+    abandon,
+    caller,
+    failure,
+    invalid,
+    mode_of,
+    openai_errors,
+    ponder_field,
+    read_json,
+    submit,
+    task_request,
+    text_of,
+    wait_unless_gone,
+)
 from ponder.api.schemas import TaskCreate
-from ponder.api.tasks import build_task, cancel_task
-from ponder.config import Mode
-from ponder.errors import IdempotencyConflict, QueueFull, RecoverableError
-from ponder.store.base import TaskStore
-from ponder.types import Sample, SampleStatus, Task, TaskStatus
+from ponder.config import Settings
+from ponder.errors import RecoverableError
+from ponder.types import Sample, SampleStatus, Task
 
-__all__ = ["ChatCompletionRequest", "router"]
+__all__ = ["ChatCompletionRequest", "chat_body", "completion_body", "router"]
 
 log = logging.getLogger("ponder.api")
 
@@ -53,17 +62,6 @@ router = APIRouter(prefix="/v1", tags=["openai"])
 MODEL_IDS = ("ponder", "ponder-fast", "ponder-standard", "ponder-deep")
 _MODEL_CREATED = 1_764_412_800  # 2025-11-29: a fixed date, as OpenAI's list shows
 _MAX_STOP = 4
-
-_ERROR_TYPES = {
-    400: "invalid_request_error",
-    401: "authentication_error",
-    403: "permission_error",
-    404: "not_found_error",
-    409: "conflict_error",
-    413: "invalid_request_error",
-    422: "invalid_request_error",
-    429: "rate_limit_error",
-}
 
 
 class ChatCompletionRequest(BaseModel):
@@ -91,139 +89,51 @@ class ChatCompletionRequest(BaseModel):
         return [s for s in stops if s]
 
     def selected_mode(self) -> str:
-        if self.mode is not None:
-            return self.mode
-        suffix = self.model.removeprefix("ponder-")
-        return suffix if suffix != self.model and suffix in Mode.__members__ else "standard"
-
-
-class OpenAIError(Exception):
-    """An answer in OpenAI's error shape."""
-
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        param: str | None = None,
-        headers: dict[str, str] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status, self.code, self.message, self.param = status, code, message, param
-        self.headers = headers or {}
-
-    @classmethod
-    def from_api_error(cls, e: ApiError) -> OpenAIError:
-        param = e.message.split(":", 1)[0] if e.code == "invalid" and ":" in e.message else None
-        return cls(e.status, e.code, e.message, param=param, headers=e.headers)
-
-    def body(self) -> dict[str, Any]:
-        kind = _ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else "api_error")
-        return {
-            "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
-        }
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+        return mode_of(self.model, self.mode)
 
 
 # --- request → task -------------------------------------------------------------------
-def _text_of(content: Any, index: int) -> str:
-    """A message's content as text: a string, null, or a list of text parts."""
-    if content is None or isinstance(content, str):
-        return content or ""
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict) or part.get("type") != "text":
-                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-                raise OpenAIError(
-                    422,
-                    "invalid",
-                    f"messages[{index}].content: only text parts are supported, not {kind!r}",
-                    param=f"messages[{index}].content",
-                )
-            parts.append(str(part.get("text", "")))
-        return "\n".join(parts)
-    raise OpenAIError(
-        422,
-        "invalid",
-        f"messages[{index}].content: give a string or a list of text parts",
-        param=f"messages[{index}].content",
-    )
-
-
-def _task_request(req: ChatCompletionRequest, state: AppState) -> TaskCreate:
-    mode = state.settings.mode(req.selected_mode())
+def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tuple[
+    ChatCompletionRequest, TaskCreate
+]:  # fmt: skip
+    """A chat completion request body as the request and its task (OpenAI's errors;
+    ``prefix``: where the body sits, for error messages, e.g. in a batch line)."""
+    try:
+        req = ChatCompletionRequest.model_validate(body)
+    except ValidationError as e:
+        raise invalid(e, prefix) from e
+    mode = settings.mode(req.selected_mode())
     if req.n > mode.max_samples:
         raise OpenAIError(
             422,
             "invalid",
-            f"n: {req.n} is over the {req.selected_mode()} mode's maximum {mode.max_samples}",
-            param="n",
+            f"{prefix}n: {req.n} is over the {req.selected_mode()} mode's maximum "
+            f"{mode.max_samples}",
+            param=f"{prefix}n",
         )
     if len(req.stops()) > _MAX_STOP:
-        raise OpenAIError(422, "invalid", f"stop: at most {_MAX_STOP} sequences", param="stop")
+        raise OpenAIError(
+            422, "invalid", f"{prefix}stop: at most {_MAX_STOP} sequences", param=f"{prefix}stop"
+        )
     messages = []
     for i, message in enumerate(req.messages):
-        entry = {"role": message.get("role"), "content": _text_of(message.get("content"), i)}
+        content = text_of(message.get("content"), f"{prefix}messages[{i}].content")
+        entry = {"role": message.get("role"), "content": content}
         if isinstance(message.get("name"), str):
             entry["name"] = message["name"]
         messages.append(entry)
-    try:
-        return TaskCreate.model_validate(
-            {
-                "messages": messages,
-                "mode": req.selected_mode(),
-                "task_type": req.task_type,
-                "priority": req.priority,
-                "samples": max(req.n, mode.samples) if req.n > 1 else None,
-                "max_new_tokens": req.max_completion_tokens or req.max_tokens,
-                "temperature": req.temperature,
-                "timeout_s": req.timeout_s,
-                "stop": req.stops(),
-            }
-        )
-    except ValidationError as e:
-        raise _invalid(e) from e
-
-
-def _invalid(e: ValidationError) -> OpenAIError:
-    first = e.errors()[0]
-    param = ".".join(str(p) for p in first["loc"]) or None
-    problems = "; ".join(
-        f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()[:5]
-    )
-    return OpenAIError(422, "invalid", problems, param=param)
-
-
-async def _submit(
-    state: AppState, req: TaskCreate, owner: str, idempotency_key: str | None
-) -> Task:
-    settings = state.settings
-    try:
-        task = build_task(req, settings, task_id=state.ids.new_id(), owner=owner)
-        stored, created = await state.store.create_task(
-            task,
-            max_pending=settings.max_pending,
-            idempotency_key=idempotency_key,
-            body_hash=req.body_hash() if idempotency_key else None,
-        )
-    except ApiError as e:
-        raise OpenAIError.from_api_error(e) from e
-    except QueueFull as e:
-        metrics.TASKS_REJECTED.labels(code="queue_full").inc()
-        raise OpenAIError(
-            503, "queue_full", str(e), headers={"Retry-After": str(settings.retry_after_s)}
-        ) from e
-    except IdempotencyConflict as e:
-        raise OpenAIError(
-            409, "conflict", "this Idempotency-Key was used with another request body"
-        ) from e
-    if created:
-        metrics.TASKS_SUBMITTED.labels(mode=task.mode).inc()
-    return stored
+    fields = {
+        "messages": messages,
+        "mode": req.selected_mode(),
+        "task_type": req.task_type,
+        "priority": req.priority,
+        "samples": max(req.n, mode.samples) if req.n > 1 else None,
+        "max_new_tokens": req.max_completion_tokens or req.max_tokens,
+        "temperature": req.temperature,
+        "timeout_s": req.timeout_s,
+        "stop": req.stops(),
+    }
+    return req, task_request(fields, prefix)
 
 
 # --- task → completion ----------------------------------------------------------------
@@ -265,26 +175,8 @@ def _usage(task: Task) -> dict[str, int]:
     }
 
 
-def _ponder(task: Task) -> dict[str, Any]:
-    result = task.result.model_dump(mode="json") if task.result is not None else {}
-    return {**result, "task_id": task.id, "status": task.status.value}
-
-
-def _failure(task: Task | None, task_id: str) -> OpenAIError | None:
-    """The error for a task that ended without an answer (None when it has one)."""
-    no_retry = {"x-should-retry": "false"}  # the task was already tried; do not resubmit
-    if task is None:
-        return OpenAIError(500, "internal", f"task {task_id} disappeared", headers=no_retry)
-    if task.status == TaskStatus.cancelled:
-        return OpenAIError(409, "cancelled", f"task {task.id} was cancelled", headers=no_retry)
-    if task.result is None:
-        code = task.error.code if task.error else "failed"
-        message = task.error.message if task.error else "no sample finished"
-        return OpenAIError(500, code, f"task {task.id} failed: {message}", headers=no_retry)
-    return None
-
-
-def _completion(task: Task, req: ChatCompletionRequest) -> dict[str, Any]:
+def completion_body(task: Task, req: ChatCompletionRequest) -> dict[str, Any]:
+    """The ``chat.completion`` of a task that has a result."""
     return {
         "id": f"chatcmpl-{task.id}",
         "object": "chat.completion",
@@ -293,48 +185,19 @@ def _completion(task: Task, req: ChatCompletionRequest) -> dict[str, Any]:
         "choices": _choices(task, req.n, req.stops()),
         "usage": _usage(task),
         "system_fingerprint": None,
-        "ponder": _ponder(task),
+        "ponder": ponder_field(task),
     }
-
-
-async def _until_terminal(store: TaskStore, task_id: str, idle_s: float) -> Task | None:
-    async for event in follow_events(store, task_id, None, idle_s=idle_s):
-        if event is not None and is_final(event):
-            break
-    return await store.get_task(task_id)
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def _abandon(store: TaskStore, task_id: str, owner: str) -> None:
-    """The client left before its answer: cancel the task (best effort)."""
-    with contextlib.suppress(ApiError, RecoverableError):
-        await cancel_task(store, task_id, owner)
-        log.info("task %s cancelled: its chat completion client disconnected", task_id)
 
 
 async def _answer(request: Request, state: AppState, task: Task, req: ChatCompletionRequest,
                   owner: str) -> Response:  # fmt: skip
     idle_s = state.settings.events_keepalive_s
-    waiter = asyncio.create_task(_until_terminal(state.store, task.id, idle_s))
-    watch = asyncio.create_task(_until_disconnect(request))
-    try:
-        await asyncio.wait({waiter, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for job in (waiter, watch):
-            job.cancel()
-        await asyncio.gather(waiter, watch, return_exceptions=True)
-    if not waiter.done() or waiter.cancelled():
-        await _abandon(state.store, task.id, owner)
+    final = await wait_unless_gone(request, state.store, task.id, owner, idle_s)
+    if final is None:
         return Response(status_code=499)  # nobody reads it
-    final = waiter.result()  # raises a store error: answered 503 by the caller
-    if (failure := _failure(final, task.id)) is not None:
-        return failure.response()
-    assert final is not None
-    return JSONResponse(_completion(final, req))
+    if (error := failure(final, task.id)) is not None:
+        return error.response()
+    return JSONResponse(completion_body(final, req))
 
 
 def _sse(data: dict[str, Any]) -> bytes:
@@ -365,12 +228,12 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                     break
             final = await state.store.get_task(task.id)
         except RecoverableError as e:
-            failure: OpenAIError | None = OpenAIError(503, "unavailable", str(e))
+            error: OpenAIError | None = OpenAIError(503, "unavailable", str(e))
         else:
-            failure = _failure(final, task.id)
+            error = failure(final, task.id)
         finished = True
-        if failure is not None or final is None:
-            yield _sse(failure.body() if failure else {"error": {"message": "no task"}})
+        if error is not None or final is None:
+            yield _sse(error.body() if error else {"error": {"message": "no task"}})
             return
         choices = _choices(final, req.n, req.stops())
         for choice in choices:
@@ -381,25 +244,14 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
             )  # fmt: skip
         for choice in choices:
             last = {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
-            yield _sse({**head, "choices": [last], "ponder": _ponder(final)})
+            yield _sse({**head, "choices": [last], "ponder": ponder_field(final)})
         if (req.stream_options or {}).get("include_usage"):
             yield _sse({**head, "choices": [], "usage": _usage(final)})
         yield b"data: [DONE]\n\n"
     finally:
         if not finished:  # the client disconnected (the response is being cancelled)
             with anyio.CancelScope(shield=True):
-                await _abandon(state.store, task.id, owner)
-
-
-async def _caller(request: Request) -> str:
-    """The caller's owner id, after auth and the rate limit (errors in OpenAI's shape)."""
-    try:
-        owner = get_owner(request)
-        address = request.client.host if request.client else None
-        await check_rate(get_state(request), owner, address)
-    except ApiError as e:
-        raise OpenAIError.from_api_error(e) from e
-    return owner
+                await abandon(state.store, task.id, owner)
 
 
 @router.post(
@@ -415,37 +267,20 @@ async def _caller(request: Request) -> str:
         }
     },
 )
+@openai_errors
 async def chat_completions(request: Request) -> Response:
     """OpenAI's chat completion, answered by a ponder task (see the module docstring)."""
-    try:
-        state = get_state(request)
-        owner = await _caller(request)
-        try:
-            body = json.loads(await request.body())
-        except ValueError as e:
-            raise OpenAIError(400, "bad_request", "the body is not valid JSON") from e
-        try:
-            req = ChatCompletionRequest.model_validate(body)
-        except ValidationError as e:
-            raise _invalid(e) from e
-        task = await _submit(
-            state, _task_request(req, state), owner, request.headers.get("idempotency-key")
+    state = get_state(request)
+    owner = await caller(request)
+    req, task_req = chat_body(await read_json(request), state.settings)
+    task, _ = await submit(state, task_req, owner, request.headers.get("idempotency-key"))
+    if req.stream:
+        return StreamingResponse(
+            _stream(state, task, req, owner),
+            media_type="text/event-stream",
+            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
         )
-        if req.stream:
-            return StreamingResponse(
-                _stream(state, task, req, owner),
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-            )
-        return await _answer(request, state, task, req, owner)
-    except OpenAIError as e:
-        return e.response()
-    except RecoverableError as e:
-        log.warning("chat completion: %s", e)
-        return OpenAIError(
-            503, "unavailable", "the task store cannot be reached; retry later",
-            headers={"Retry-After": "1"},
-        ).response()  # fmt: skip
+    return await _answer(request, state, task, req, owner)
 
 
 def _model(model_id: str) -> dict[str, Any]:
@@ -453,24 +288,20 @@ def _model(model_id: str) -> dict[str, Any]:
 
 
 @router.get("/models")
-async def list_models(request: Request) -> JSONResponse:
+@openai_errors
+async def list_models(request: Request) -> Response:
     """The model names this service answers to: ``ponder`` and ``ponder-<mode>``."""
-    try:
-        await _caller(request)
-    except OpenAIError as e:
-        return e.response()
+    await caller(request)
     return JSONResponse({"object": "list", "data": [_model(m) for m in MODEL_IDS]})
 
 
 @router.get("/models/{model_id}")
-async def get_model(model_id: str, request: Request) -> JSONResponse:
+@openai_errors
+async def get_model(model_id: str, request: Request) -> Response:
     """One model of :func:`list_models`."""
-    try:
-        await _caller(request)
-    except OpenAIError as e:
-        return e.response()
+    await caller(request)
     if model_id not in MODEL_IDS:
-        return OpenAIError(
+        raise OpenAIError(
             404, "model_not_found", f"the model {model_id!r} does not exist", param="model"
-        ).response()
+        )
     return JSONResponse(_model(model_id))

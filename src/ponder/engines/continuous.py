@@ -72,6 +72,12 @@ class Row:
     finish: FinishReason | None = None
     #: the text pieces produced since the last delivery to ``request.on_text``
     pieces: list[str] = field(default_factory=list)
+    #: when it was preempted (None: running, or never preempted); a row is preempted at
+    #: most once, so a stream of urgent rows cannot starve it
+    preempted_at: float | None = None
+    was_preempted: bool = False
+    #: whether it was admitted before (a preempted row is not prepared again)
+    opened: bool = False
 
     def emit(self, piece: str) -> None:
         """Queue a piece of text for ``request.on_text`` (dropped when nobody listens)."""
@@ -99,6 +105,8 @@ class EngineStats:
     prefix_hits: int = 0
     #: completion tokens generated
     tokens: int = 0
+    #: running rows taken out for a more urgent waiting row (they resume later)
+    preempted: int = 0
 
 
 R = TypeVar("R", bound=Row)
@@ -121,12 +129,14 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         max_queue: int,
         max_wait_ms: float,
         quotas: Sequence[int],
+        preempt_after_ms: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         if max_rows < 1:
             raise ConfigError(f"PONDER_ENGINE_MAX_ROWS must be at least 1, got {max_rows}")
         self.max_rows = max_rows
         self.max_wait_s = max(0.0, max_wait_ms) / 1000
+        self.preempt_after_s = max(0.0, preempt_after_ms) / 1000
         self.stats = EngineStats()
         self._clock = clock
         self._queue: AdmissionQueue[R] = AdmissionQueue(quotas, max_queue)
@@ -177,6 +187,9 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         loop = asyncio.get_running_loop()
         row = self._new_row(request, loop.create_future(), loop, self._clock())
         self._queue.put(row)  # EngineBusy when full
+        dead = self._dead
+        if dead is not None and self._queue.discard(row):
+            raise dead  # the loop ended meanwhile and will not take it
         request.on_cancel(lambda: self._on_cancel(row))
         self._wake()
         try:
@@ -321,11 +334,18 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     def _admit(self, now: float) -> None:
         free = self.max_rows - len(self._running) - len(self._joining)
+        if free <= 0 and self.preempt_after_s > 0 and len(self._queue):
+            free = self._preempt(now)
         if free <= 0 or not len(self._queue) or self._admission_time(now) > now:
             return
         for row in self._queue.take(free):
             if row.request.is_cancelled:
                 self._deliver([(row, self._cancelled_output(row))])
+                continue
+            if row.preempted_at is not None:  # resumes: its time away does not count
+                row.deadline += now - row.preempted_at
+                row.preempted_at = None
+                self._joining.append(row)
                 continue
             row.started = now
             metrics.ENGINE_QUEUE_WAIT.observe(max(0.0, now - row.arrival))
@@ -336,8 +356,36 @@ class ContinuousEngine(BaseEngine, Generic[R]):
             except EngineError as e:
                 self._deliver([(row, e)])
                 continue
+            row.opened = True
             self.stats.admitted += 1
             self._joining.append(row)
+
+    def _preempt(self, now: float) -> int:
+        """Free a slot for a row that waited ``preempt_after`` at a priority at least two
+        levels more urgent than a running row's: the least urgent running row (the most
+        recently started among equals; never one preempted before) goes back to the head
+        of its queue and resumes later, recomputing its KV (vLLM's preemption by
+        recompute). The slots freed."""
+        overdue = [p for p, arrival in self._queue.heads() if now - arrival >= self.preempt_after_s]
+        if not overdue:
+            return 0
+        urgent = min(overdue)
+        victims = [
+            r
+            for r in self._running
+            if r.priority >= urgent + 2 and r.finish is None and not r.was_preempted
+        ]
+        if not victims:
+            return 0
+        victim = max(victims, key=lambda r: (r.priority, r.started))
+        index = self._running.index(victim)
+        self._drop([i for i in range(len(self._running)) if i != index])
+        del self._running[index]
+        self._suspend(victim)
+        victim.preempted_at, victim.was_preempted = now, True
+        self._queue.requeue(victim)
+        self.stats.preempted += 1
+        return 1
 
     def _leave(self, rows: list[R]) -> None:
         """Take ended rows out of the batch and resolve their futures."""
@@ -413,6 +461,10 @@ class ContinuousEngine(BaseEngine, Generic[R]):
     def _teardown(self) -> None:
         """Release what :meth:`_setup` loaded (in the model thread, after the loop)."""
 
+    def _suspend(self, row: R) -> None:
+        """A running row was taken out of the batch and will resume later: the next
+        :meth:`_prefill` of it must rebuild its state (prompt and tokens so far)."""
+
     @abstractmethod
     def _new_row(
         self,
@@ -430,7 +482,8 @@ class ContinuousEngine(BaseEngine, Generic[R]):
     @abstractmethod
     def _prefill(self, rows: list[R], now: float) -> list[R]:
         """Advance the admitted rows' prefill; the ones now ready to run, in the order
-        they joined the subclass's batch (they are appended to the running rows)."""
+        they joined the subclass's batch (they are appended to the running rows). A row
+        whose first token ends it is not joined: set its ``finish`` instead."""
 
     @abstractmethod
     def _step(self, rows: list[R]) -> None:

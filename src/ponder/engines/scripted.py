@@ -71,13 +71,19 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
         max_queue: int = 1000,
         max_wait_ms: float = 0.0,
         quotas: Sequence[int] = (4, 3, 2, 2, 1, 1),
+        preempt_after_ms: float = 0.0,
     ) -> None:
         if settings is not None:
             step_ms = settings.scripted_step_ms
             max_rows, max_queue = settings.engine_max_rows, settings.engine_max_queue
             max_wait_ms, quotas = settings.engine_max_wait_ms, settings.priority_quotas
+            preempt_after_ms = settings.engine_preempt_after_ms
         super().__init__(
-            max_rows=max_rows, max_queue=max_queue, max_wait_ms=max_wait_ms, quotas=quotas
+            max_rows=max_rows,
+            max_queue=max_queue,
+            max_wait_ms=max_wait_ms,
+            quotas=quotas,
+            preempt_after_ms=preempt_after_ms,
         )
         self.base_ms, self.per_row_ms = (float(v) for v in step_ms)
 

@@ -74,6 +74,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
             max_queue=settings.engine_max_queue,
             max_wait_ms=settings.engine_max_wait_ms,
             quotas=settings.priority_quotas,
+            preempt_after_ms=settings.engine_preempt_after_ms,
         )
         self.model_name = settings.model
         self._settings = settings
@@ -143,7 +144,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         if request.temperature > 0:
             seed = secrets.randbits(63) if request.seed is None else request.seed % 2**64
             row.generator = torch.Generator().manual_seed(seed)
-        row.prompt_ids = ids
+        row.prompt_ids = row.sequence = ids
         row.key = tuple(ids) if self._share_prefix else (id(row), *ids)
         row.max_new_tokens = min(request.max_new_tokens, runner.context_length - len(ids))
         row.stop = [s for s in request.stop if s]
@@ -163,15 +164,21 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         items: list[Prefill] = []
         planned: list[tuple[tuple[int, ...], bool]] = []
         for key, group in groups.items():
-            cached = self._prefixes.get(key)
+            resuming = group[0].resuming
+            cached = None if resuming else self._prefixes.get(key)
             if cached is not None:
                 self.stats.prefix_hits += len(group)
                 self._start(group, cached, ready)
                 continue
             partial = self._partial.get(key)
+            if partial is None and resuming:  # a preempted row: its prompt may be cached
+                partial = self._prefixes.get(tuple(group[0].prompt_ids))
             done = partial.length if partial is not None else 0
-            prompt = group[0].prompt_ids
+            prompt = group[0].sequence
             remaining = len(prompt) - done
+            if remaining == 0 and partial is not None:
+                self._start(group, partial, ready)
+                continue
             if remaining <= budget:
                 take = remaining
             elif remaining > self._step_tokens and budget >= _MIN_CHUNK:
@@ -199,14 +206,28 @@ class TransformersEngine(ContinuousEngine["_Row"]):
                 self._partial[key] = prefix
                 continue
             self._partial.pop(key, None)
-            self._prefixes.put(key, prefix)
+            if not groups[key][0].resuming:
+                self._prefixes.put(key, prefix)
             self.stats.prefix_hits += len(groups[key]) - 1
             self._start(groups[key], prefix, ready)
         return ready
 
+    def _suspend(self, row: _Row) -> None:
+        """A preempted row resumes from its prompt and all its tokens but the last (the
+        next decode step feeds that one), prefilled on its own."""
+        row.resuming = True
+        row.key = (-1, id(row))
+        row.sequence = row.prompt_ids + row.tokens[:-1]
+
     def _start(self, group: list[_Row], prefix: Prefix, ready: list[_Row]) -> None:
         """Sample each row's first token from the prompt's logits; join the ones that go on."""
         assert self._runner is not None
+        if group[0].resuming:  # its next token is known: join as it was
+            for row in group:
+                row.resuming = False
+                self._runner.join(prefix)
+                ready.append(row)
+            return
         logits = prefix.logits[None, :].expand(len(group), -1)
         tokens, logprobs = _sample(logits, group)
         for row, token, logprob in zip(group, tokens, logprobs, strict=True):
@@ -306,8 +327,13 @@ class _Row(Row):
     """One request in the decode loop."""
 
     prompt_ids: list[int] = field(default_factory=list)
+    #: what the next prefill computes: the prompt, or for a preempted row its prompt and
+    #: tokens so far
+    sequence: list[int] = field(default_factory=list)
     #: rows with the same key share their prompt's prefill
     key: tuple[int, ...] = ()
+    #: preempted, and waiting to be prefilled again
+    resuming: bool = False
     max_new_tokens: int = 0
     #: None for greedy rows; otherwise the row's own sampling stream
     generator: torch.Generator | None = None

@@ -16,7 +16,14 @@ from typing import Any
 from ponder.config import NUM_PRIORITIES
 from ponder.types import Task, TaskStatus
 
-__all__ = ["Claim", "Event", "TaskStore", "check_new_task", "check_priorities"]
+__all__ = [
+    "Claim",
+    "Event",
+    "StoredObject",
+    "TaskStore",
+    "check_new_task",
+    "check_priorities",
+]
 
 
 def check_priorities(priorities: Sequence[int]) -> None:
@@ -48,6 +55,24 @@ class Event:
     id: str
     event: str
     data: dict[str, Any]
+
+
+@dataclass
+class StoredObject:
+    """A record of the OpenAI-compatible APIs (a file, a batch, a response).
+
+    ``sort_key`` (no spaces) orders an owner's objects (newest last); ``rev`` is the revision the
+    record was read at (:meth:`TaskStore.update_object` writes only over it); an
+    ``active`` object is one that :meth:`TaskStore.active_objects` lists (work left).
+    """
+
+    kind: str
+    id: str
+    owner: str
+    sort_key: str
+    data: dict[str, Any]
+    rev: int = 0
+    active: bool = False
 
 
 class TaskStore(ABC):
@@ -89,12 +114,18 @@ class TaskStore(ABC):
         max_pending: int,
         idempotency_key: str | None = None,
         body_hash: str | None = None,
+        batch: bool = False,
     ) -> tuple[Task, bool]:
         """Store and enqueue ``task``; return ``(task, True)``.
 
         With an ``idempotency_key`` already used by the same owner: the stored task and
         ``False`` when ``body_hash`` matches, else :class:`IdempotencyConflict`.
         Raises :class:`QueueFull` (storing nothing) when ``max_pending`` tasks are pending.
+
+        ``batch``: the task is a line of a batch (the Batch API). Batch lines have a
+        backlog of their own: a batch line is admitted while fewer than ``max_pending``
+        batch lines are pending, and pending batch lines never count toward the backlog
+        that other tasks are admitted against, so they cannot make those see QueueFull.
         """
 
     @abstractmethod
@@ -175,3 +206,79 @@ class TaskStore(ABC):
     @abstractmethod
     async def live_workers(self) -> int:
         """How many workers are alive."""
+
+    # --- the OpenAI-compatible APIs: files, batches, responses --------------------------
+    # (api/files.py, api/batches.py, api/responses.py, batch_feeder.py)
+    @abstractmethod
+    async def batch_pending_count(self) -> int:
+        """How many pending tasks are batch lines (``create_task(batch=True)``)."""
+
+    @abstractmethod
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        """Several tasks in one round trip, in the order asked (None: unknown or expired)."""
+
+    @abstractmethod
+    async def create_object(self, obj: StoredObject, *, ttl_s: float) -> bool:
+        """Store a new object that expires after ``ttl_s``; False (writing nothing) when
+        one of that kind and id exists."""
+
+    @abstractmethod
+    async def get_object(self, kind: str, obj_id: str) -> StoredObject | None:
+        """The object, or None if unknown or expired."""
+
+    @abstractmethod
+    async def update_object(self, obj: StoredObject, *, ttl_s: float | None = None) -> bool:
+        """Write ``obj`` if the stored revision is still ``obj.rev`` (then bump it).
+
+        ``ttl_s`` given: the object now expires that long from now (else it keeps its
+        expiry). False (writing nothing) when it changed since it was read, or is gone.
+        """
+
+    @abstractmethod
+    async def delete_object(self, kind: str, obj_id: str) -> bool:
+        """Remove the object; False if there was none."""
+
+    @abstractmethod
+    async def list_objects(
+        self, kind: str, owner: str, *, after: str | None, limit: int
+    ) -> tuple[list[StoredObject], bool]:
+        """The owner's objects of ``kind``, newest first, starting after the object with
+        id ``after``; and whether more follow. ValueError for an unknown ``after``."""
+
+    @abstractmethod
+    async def active_objects(self, kind: str) -> list[str]:
+        """Ids of the live objects of ``kind`` stored with ``active=True``, oldest first."""
+
+    @abstractmethod
+    async def put_blob(self, key: str, data: str, *, ttl_s: float) -> None:
+        """Store a text (a file's content) under ``key`` for ``ttl_s`` seconds."""
+
+    @abstractmethod
+    async def get_blob(self, key: str) -> str | None:
+        """The text stored under ``key``, or None."""
+
+    @abstractmethod
+    async def delete_blob(self, key: str) -> None:
+        """Remove the text under ``key`` (nothing if none)."""
+
+    @abstractmethod
+    async def put_part(self, key: str, index: int, data: str, *, ttl_s: float) -> None:
+        """Set part ``index`` of the collection ``key`` (written again: replaced); each
+        part is kept at least ``ttl_s`` after it was written."""
+
+    @abstractmethod
+    async def get_parts(self, key: str) -> dict[int, str]:
+        """Every part of the collection ``key``."""
+
+    @abstractmethod
+    async def delete_parts(self, key: str) -> None:
+        """Remove the collection ``key``."""
+
+    @abstractmethod
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        """Take the named lease for ``ttl_s`` seconds, or renew it if ``holder`` has it;
+        False while another holder's lease runs."""
+
+    @abstractmethod
+    async def release_lease(self, name: str, holder: str) -> None:
+        """Give the lease up if ``holder`` has it."""

@@ -14,6 +14,13 @@ Keys (all under ``settings.key_prefix``, written as ``{p}``):
   tasks are dropped when a listing meets them.
 - ``{p}:idem:{owner}:{key}``: hash ``hash`` + ``id`` of an idempotency key, ``task_ttl_s``.
 - ``{p}:workers``: sorted set of worker ids scored by their expiry (Redis server time).
+- The OpenAI-compatible APIs: ``{p}:obj:{kind}:{id}`` (hash ``data``, ``owner``, ``rev``,
+  ``sort_key``; its own expiry), ``{p}:objs:{kind}:{owner}`` and ``{p}:active:{kind}``
+  (lexicographic sorted sets of ``"{sort_key} {id}"``, like the task index),
+  ``{p}:blob:{key}`` (a string), ``{p}:parts:{key}`` (a hash), ``{p}:lease:{name}``.
+  A batch line's task hash has ``lane`` = ``batch`` and is counted in the ``batch`` field
+  of ``{p}:pending`` as well as in ``total``; other tasks are admitted against
+  ``total - batch``.
 
 Every multi-key change is one Lua script, so it is atomic and needs one round trip.
 Scripts read a task record named by id from the idempotency key without declaring it, and
@@ -29,18 +36,27 @@ import logging
 import re
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 from typing import Any, TypeVar
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
+from redis.commands.core import AsyncScript
 
 from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Event, TaskStore, check_new_task, check_priorities
+from ponder.store.base import (
+    Claim,
+    Event,
+    StoredObject,
+    TaskStore,
+    check_new_task,
+    check_priorities,
+)
 from ponder.types import Task, TaskStatus
 
 __all__ = ["RedisStore"]
@@ -55,7 +71,7 @@ _UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError, Tim
 
 # KEYS: task, queue, pending, index, events[, idem]
 # ARGV: id, data, status, rev, owner, priority, max_pending, member, event, hash, ttl,
-#       task key prefix
+#       task key prefix, batch ('1': a batch line, admitted against the batch lines only)
 _CREATE = """
 local idem = KEYS[6]
 if idem then
@@ -67,11 +83,18 @@ if idem then
     return {'existing', data}
   end
 end
-if tonumber(redis.call('HGET', KEYS[3], 'total') or '0') >= tonumber(ARGV[7]) then
+local batch = ARGV[13] == '1'
+local lines = tonumber(redis.call('HGET', KEYS[3], 'batch') or '0')
+local backlog = batch and lines or tonumber(redis.call('HGET', KEYS[3], 'total') or '0') - lines
+if backlog >= tonumber(ARGV[7]) then
   return {'full'}
 end
 redis.call('HSET', KEYS[1], 'data', ARGV[2], 'status', ARGV[3], 'rev', ARGV[4],
            'owner', ARGV[5], 'priority', ARGV[6])
+if batch then
+  redis.call('HSET', KEYS[1], 'lane', 'batch')
+  redis.call('HINCRBY', KEYS[3], 'batch', 1)
+end
 redis.call('XADD', KEYS[2], '*', 'task', ARGV[1])
 redis.call('HINCRBY', KEYS[3], 'total', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
@@ -87,12 +110,13 @@ return {'created'}
 # KEYS: task, pending, events; ARGV: expected rev, new rev, data, status, terminal, ttl,
 # then event name/data pairs
 _UPDATE = """
-local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority')
+local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority', 'lane')
 if cur[1] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'status', ARGV[4], 'rev', ARGV[2])
 if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
   redis.call('HINCRBY', KEYS[2], 'total', -1)
   redis.call('HINCRBY', KEYS[2], cur[3], -1)
+  if cur[4] == 'batch' then redis.call('HINCRBY', KEYS[2], 'batch', -1) end
 end
 for i = 7, #ARGV, 2 do
   redis.call('XADD', KEYS[3], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
@@ -171,6 +195,49 @@ local t = redis.call('TIME')
 redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', t[1] + t[2] / 1e6)
 return redis.call('ZCARD', KEYS[1])
 """
+
+# --- the OpenAI-compatible APIs -------------------------------------------------------
+# KEYS: object, owner index, active index; ARGV: data, owner, sort_key, active, ttl ms,
+# member
+_CREATE_OBJECT = """
+if redis.call('EXISTS', KEYS[1]) == 1 then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[1], 'owner', ARGV[2], 'rev', 0, 'sort_key', ARGV[3],
+           'active', ARGV[4])
+redis.call('PEXPIRE', KEYS[1], ARGV[5])
+redis.call('ZADD', KEYS[2], 0, ARGV[6])
+if ARGV[4] == '1' then redis.call('ZADD', KEYS[3], 0, ARGV[6]) end
+return 1
+"""
+
+# KEYS: object, active index; ARGV: expected rev, data, active, ttl ms ('' keeps it), member
+_UPDATE_OBJECT = """
+if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[2], 'rev', tonumber(ARGV[1]) + 1, 'active', ARGV[3])
+if ARGV[4] ~= '' then redis.call('PEXPIRE', KEYS[1], ARGV[4]) end
+if ARGV[3] == '1' then
+  redis.call('ZADD', KEYS[2], 0, ARGV[5])
+else
+  redis.call('ZREM', KEYS[2], ARGV[5])
+end
+return 1
+"""
+
+# KEYS: lease; ARGV: holder, ttl ms
+_ACQUIRE_LEASE = """
+local cur = redis.call('GET', KEYS[1])
+if cur and cur ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+return 1
+"""
+
+_RELEASE_LEASE = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+def _ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
 
 
 @contextmanager
@@ -292,6 +359,7 @@ class RedisStore(TaskStore):
         max_pending: int,
         idempotency_key: str | None = None,
         body_hash: str | None = None,
+        batch: bool = False,
     ) -> tuple[Task, bool]:
         check_new_task(task)
         keys = [
@@ -316,6 +384,7 @@ class RedisStore(TaskStore):
             body_hash or "",
             self._ttl,
             self._task_key(""),
+            "1" if batch else "0",
         ]
         with _unavailable():
             outcome = await self._create(keys=keys, args=args)
@@ -359,9 +428,10 @@ class RedisStore(TaskStore):
                         pipe.hget(self._task_key(_task_id(member)), "status")
                     statuses: list[str | None] = await pipe.execute()
                 matches = [
-                    m for m, s in zip(members, statuses, strict=True)
+                    m
+                    for m, s in zip(members, statuses, strict=True)
                     if s is not None and (status is None or s == status.value)
-                ]  # fmt: skip
+                ]
                 taken = matches[: limit + 1 - len(found)]
                 async with self._r.pipeline(transaction=False) as pipe:
                     for member in taken:
@@ -510,3 +580,197 @@ class RedisStore(TaskStore):
     async def live_workers(self) -> int:
         with _unavailable():
             return int(await self._live(keys=[self._workers_key]))
+
+    # --- the OpenAI-compatible APIs: files, batches, responses --------------------------
+    @cached_property
+    def _object_scripts(self) -> dict[str, AsyncScript]:
+        sources = {
+            "create": _CREATE_OBJECT,
+            "update": _UPDATE_OBJECT,
+            "acquire": _ACQUIRE_LEASE,
+            "release": _RELEASE_LEASE,
+        }
+        return {name: self._r.register_script(src) for name, src in sources.items()}
+
+    def _object_key(self, kind: str, obj_id: str) -> str:
+        return f"{self._prefix}:obj:{kind}:{obj_id}"
+
+    def _objects_key(self, kind: str, owner: str) -> str:
+        return f"{self._prefix}:objs:{kind}:{owner}"
+
+    def _active_key(self, kind: str) -> str:
+        return f"{self._prefix}:active:{kind}"
+
+    async def batch_pending_count(self) -> int:
+        with _unavailable():
+            lines = await self._r.hget(self._pending_key, "batch")
+        return int(lines or 0)
+
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        if not task_ids:
+            return []
+        with _unavailable():
+            async with self._r.pipeline(transaction=False) as pipe:
+                for task_id in task_ids:
+                    pipe.hget(self._task_key(task_id), "data")
+                found: list[str | None] = await pipe.execute()
+        return [None if d is None else Task.from_storage(d) for d in found]
+
+    async def create_object(self, obj: StoredObject, *, ttl_s: float) -> bool:
+        keys = [
+            self._object_key(obj.kind, obj.id),
+            self._objects_key(obj.kind, obj.owner),
+            self._active_key(obj.kind),
+        ]
+        active = "1" if obj.active else "0"
+        member = f"{obj.sort_key} {obj.id}"
+        args: list[str | int] = [
+            json.dumps(obj.data),
+            obj.owner,
+            obj.sort_key,
+            active,
+            _ms(ttl_s),
+            member,
+        ]
+        with _unavailable():
+            created = await self._object_scripts["create"](keys=keys, args=args)
+        if created:
+            obj.rev = 0
+        return bool(created)
+
+    async def get_object(self, kind: str, obj_id: str) -> StoredObject | None:
+        with _unavailable():
+            fields: Any = await self._r.hgetall(self._object_key(kind, obj_id))
+        return _object(kind, obj_id, fields)
+
+    async def update_object(self, obj: StoredObject, *, ttl_s: float | None = None) -> bool:
+        keys = [self._object_key(obj.kind, obj.id), self._active_key(obj.kind)]
+        args: list[str | int] = [
+            obj.rev,
+            json.dumps(obj.data),
+            "1" if obj.active else "0",
+            "" if ttl_s is None else _ms(ttl_s),
+            f"{obj.sort_key} {obj.id}",
+        ]
+        with _unavailable():
+            written = await self._object_scripts["update"](keys=keys, args=args)
+        if written:
+            obj.rev += 1
+        return bool(written)
+
+    async def delete_object(self, kind: str, obj_id: str) -> bool:
+        obj = await self.get_object(kind, obj_id)
+        if obj is None:
+            return False
+        member = f"{obj.sort_key} {obj.id}"
+        with _unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.delete(self._object_key(kind, obj_id))
+                pipe.zrem(self._objects_key(kind, obj.owner), member)
+                pipe.zrem(self._active_key(kind), member)
+                deleted, *_ = await pipe.execute()
+        return bool(deleted)
+
+    async def list_objects(
+        self, kind: str, owner: str, *, after: str | None, limit: int
+    ) -> tuple[list[StoredObject], bool]:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        top = "+"
+        if after is not None:
+            last = await self.get_object(kind, after)
+            if last is None or last.owner != owner:
+                raise ValueError(f"unknown cursor {after!r}")
+            top = f"({last.sort_key} {last.id}"
+        index = self._objects_key(kind, owner)
+        found: list[StoredObject] = []
+        with _unavailable():
+            while len(found) <= limit:
+                members: list[Any] = await self._r.zrevrangebylex(index, top, "-", 0, limit + 1)
+                if not members:
+                    break
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for member in members:
+                        pipe.hgetall(self._object_key(kind, _task_id(member)))
+                    rows: list[Any] = await pipe.execute()
+                gone = []
+                for member, fields in zip(members, rows, strict=True):
+                    obj = _object(kind, _task_id(member), fields)
+                    if obj is None:
+                        gone.append(member)
+                    else:
+                        found.append(obj)
+                if gone:
+                    await self._r.zrem(index, *gone)
+                top = f"({members[-1]}"
+        return found[:limit], len(found) > limit
+
+    async def active_objects(self, kind: str) -> list[str]:
+        key = self._active_key(kind)
+        with _unavailable():
+            members: list[Any] = await self._r.zrangebylex(key, "-", "+")
+            if not members:
+                return []
+            async with self._r.pipeline(transaction=False) as pipe:
+                for member in members:
+                    pipe.exists(self._object_key(kind, _task_id(member)))
+                alive: list[int] = await pipe.execute()
+            gone = [m for m, live in zip(members, alive, strict=True) if not live]
+            if gone:
+                await self._r.zrem(key, *gone)
+        return [_task_id(m) for m, live in zip(members, alive, strict=True) if live]
+
+    async def put_blob(self, key: str, data: str, *, ttl_s: float) -> None:
+        with _unavailable():
+            await self._r.set(f"{self._prefix}:blob:{key}", data, px=_ms(ttl_s))
+
+    async def get_blob(self, key: str) -> str | None:
+        with _unavailable():
+            data: Any = await self._r.get(f"{self._prefix}:blob:{key}")
+        return None if data is None else str(data)
+
+    async def delete_blob(self, key: str) -> None:
+        with _unavailable():
+            await self._r.delete(f"{self._prefix}:blob:{key}")
+
+    async def put_part(self, key: str, index: int, data: str, *, ttl_s: float) -> None:
+        name = f"{self._prefix}:parts:{key}"
+        with _unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.hset(name, str(index), data)
+                pipe.pexpire(name, _ms(ttl_s))
+                await pipe.execute()
+
+    async def get_parts(self, key: str) -> dict[int, str]:
+        with _unavailable():
+            parts: Any = await self._r.hgetall(f"{self._prefix}:parts:{key}")
+        return {int(i): data for i, data in parts.items()}
+
+    async def delete_parts(self, key: str) -> None:
+        with _unavailable():
+            await self._r.delete(f"{self._prefix}:parts:{key}")
+
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        keys = [f"{self._prefix}:lease:{name}"]
+        with _unavailable():
+            return bool(await self._object_scripts["acquire"](keys=keys, args=[holder, _ms(ttl_s)]))
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        keys = [f"{self._prefix}:lease:{name}"]
+        with _unavailable():
+            await self._object_scripts["release"](keys=keys, args=[holder])
+
+
+def _object(kind: str, obj_id: str, fields: dict[str, str]) -> StoredObject | None:
+    """The object of a hash read by HGETALL (empty: gone)."""
+    if "data" not in fields:
+        return None
+    return StoredObject(
+        kind=kind,
+        id=obj_id,
+        owner=fields.get("owner", ""),
+        sort_key=fields.get("sort_key", ""),
+        data=json.loads(fields["data"]),
+        rev=int(fields.get("rev", 0)),
+        active=fields.get("active") == "1",
+    )

@@ -10,6 +10,8 @@ Hence the single-process rule: another process writing the same file would not w
 these waiters (it would still be correct, only slower, up to ``block_ms``).
 
 The pending figures are counted from the tasks table (indexed), so they cannot drift.
+A batch line's row has ``lane`` = ``batch``: other tasks are admitted against the pending
+rows without a lane, batch lines against those with one.
 Expired tasks are invisible at once and deleted (with their events and queue entries)
 on :meth:`start` and at most once a minute while tasks are created.
 """
@@ -31,7 +33,14 @@ from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Event, TaskStore, check_new_task, check_priorities
+from ponder.store.base import (
+    Claim,
+    Event,
+    StoredObject,
+    TaskStore,
+    check_new_task,
+    check_priorities,
+)
 from ponder.types import Task, TaskStatus
 
 __all__ = ["SqliteStore"]
@@ -163,6 +172,7 @@ class SqliteStore(TaskStore):
             await db.execute(f"DELETE FROM {table} WHERE task_id IN ({_EXPIRED})", (now,))
         for table in ("tasks", "idempotency", "workers"):
             await db.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (now,))
+        await _purge_objects(db, now)
         self._purged_at = now
 
     # --- lifecycle --------------------------------------------------------------------
@@ -181,6 +191,7 @@ class SqliteStore(TaskStore):
                 await db.execute("PRAGMA journal_mode=WAL")
                 await db.execute("PRAGMA synchronous=NORMAL")
                 await db.executescript(_SCHEMA)
+                await _add_objects_schema(db)
             except BaseException:
                 await db.close()
                 raise
@@ -211,6 +222,7 @@ class SqliteStore(TaskStore):
         max_pending: int,
         idempotency_key: str | None = None,
         body_hash: str | None = None,
+        batch: bool = False,
     ) -> tuple[Task, bool]:
         check_new_task(task)
         now = time.time()
@@ -230,8 +242,7 @@ class SqliteStore(TaskStore):
                             "the Idempotency-Key was used with another request body"
                         )
                     return Task.from_storage(row[1]), False
-            row = await _first(db, "SELECT COUNT(*) FROM tasks WHERE status = 'pending'")
-            if row[0] >= max_pending:
+            if await _backlog(db, batch=batch) >= max_pending:
                 raise QueueFull(max_pending)
             await db.execute(
                 "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data)"
@@ -239,6 +250,8 @@ class SqliteStore(TaskStore):
                 (task.id, task.owner, task.status.value, task.priority, sort_key(task.id),
                  task.rev, task.to_storage()),
             )  # fmt: skip
+            if batch:
+                await db.execute("UPDATE tasks SET lane = 'batch' WHERE id = ?", (task.id,))
             await db.execute(
                 "INSERT INTO queue (task_id, priority) VALUES (?, ?)", (task.id, task.priority)
             )
@@ -428,3 +441,227 @@ class SqliteStore(TaskStore):
                 db, "SELECT COUNT(*) FROM workers WHERE expires_at > ?", (time.time(),)
             )
         return int(row[0])
+
+    # --- the OpenAI-compatible APIs: files, batches, responses --------------------------
+    async def batch_pending_count(self) -> int:
+        async with self._conn() as db:
+            return await _backlog(db, batch=True)
+
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        found: dict[str, Task] = {}
+        now = time.time()
+        async with self._conn() as db:
+            for start in range(0, len(task_ids), _IN_CHUNK):
+                chunk = list(task_ids[start : start + _IN_CHUNK])
+                marks = ",".join("?" * len(chunk))
+                rows = await db.execute_fetchall(
+                    f"SELECT id, data FROM tasks WHERE id IN ({marks}) AND {_LIVE}", [*chunk, now]
+                )
+                found |= {row[0]: Task.from_storage(row[1]) for row in rows}
+        return [found.get(task_id) for task_id in task_ids]
+
+    async def create_object(self, obj: StoredObject, *, ttl_s: float) -> bool:
+        now = time.time()
+        async with self._tx() as db:
+            await db.execute(
+                "DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at <= ?",
+                (obj.kind, obj.id, now),
+            )
+            cur = await db.execute(
+                "INSERT OR IGNORE INTO objects VALUES (?, ?, ?, ?, 0, ?, ?, ?)",
+                (
+                    obj.kind,
+                    obj.id,
+                    obj.owner,
+                    obj.sort_key,
+                    int(obj.active),
+                    json.dumps(obj.data),
+                    now + ttl_s,
+                ),
+            )
+        if cur.rowcount == 1:
+            obj.rev = 0
+        return cur.rowcount == 1
+
+    async def get_object(self, kind: str, obj_id: str) -> StoredObject | None:
+        async with self._conn() as db:
+            row = await _first(
+                db,
+                f"SELECT {_OBJECT_COLUMNS} FROM objects"
+                " WHERE kind = ? AND id = ? AND expires_at > ?",
+                (kind, obj_id, time.time()),
+            )
+        return None if row is None else _object(row)
+
+    async def update_object(self, obj: StoredObject, *, ttl_s: float | None = None) -> bool:
+        now = time.time()
+        async with self._conn() as db:
+            cur = await db.execute(
+                "UPDATE objects SET data = ?, rev = rev + 1, active = ?,"
+                " expires_at = COALESCE(?, expires_at)"
+                " WHERE kind = ? AND id = ? AND rev = ? AND expires_at > ?",
+                (
+                    json.dumps(obj.data),
+                    int(obj.active),
+                    None if ttl_s is None else now + ttl_s,
+                    obj.kind,
+                    obj.id,
+                    obj.rev,
+                    now,
+                ),
+            )
+        if cur.rowcount == 1:
+            obj.rev += 1
+        return cur.rowcount == 1
+
+    async def delete_object(self, kind: str, obj_id: str) -> bool:
+        async with self._conn() as db:
+            cur = await db.execute(
+                "DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at > ?",
+                (kind, obj_id, time.time()),
+            )
+        return cur.rowcount == 1
+
+    async def list_objects(
+        self, kind: str, owner: str, *, after: str | None, limit: int
+    ) -> tuple[list[StoredObject], bool]:
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        sql = (
+            f"SELECT {_OBJECT_COLUMNS} FROM objects WHERE kind = ? AND owner = ? AND expires_at > ?"
+        )
+        params: list[Any] = [kind, owner, time.time()]
+        if after is not None:
+            last = await self.get_object(kind, after)
+            if last is None or last.owner != owner:
+                raise ValueError(f"unknown cursor {after!r}")
+            sql += " AND sort_key < ?"
+            params.append(last.sort_key)
+        sql += " ORDER BY sort_key DESC LIMIT ?"
+        params.append(limit + 1)
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(sql, params)
+        objects = [_object(row) for row in rows]
+        return objects[:limit], len(objects) > limit
+
+    async def active_objects(self, kind: str) -> list[str]:
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "SELECT id FROM objects WHERE kind = ? AND active = 1 AND expires_at > ?"
+                " ORDER BY sort_key",
+                (kind, time.time()),
+            )
+        return [row[0] for row in rows]
+
+    async def put_blob(self, key: str, data: str, *, ttl_s: float) -> None:
+        async with self._conn() as db:
+            await db.execute(
+                "INSERT OR REPLACE INTO blobs VALUES (?, ?, ?)", (key, data, time.time() + ttl_s)
+            )
+
+    async def get_blob(self, key: str) -> str | None:
+        async with self._conn() as db:
+            row = await _first(
+                db, "SELECT data FROM blobs WHERE key = ? AND expires_at > ?", (key, time.time())
+            )
+        return None if row is None else str(row[0])
+
+    async def delete_blob(self, key: str) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM blobs WHERE key = ?", (key,))
+
+    async def put_part(self, key: str, index: int, data: str, *, ttl_s: float) -> None:
+        async with self._conn() as db:
+            await db.execute(
+                "INSERT OR REPLACE INTO parts VALUES (?, ?, ?, ?)",
+                (key, index, data, time.time() + ttl_s),
+            )
+
+    async def get_parts(self, key: str) -> dict[int, str]:
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "SELECT idx, data FROM parts WHERE key = ? AND expires_at > ?", (key, time.time())
+            )
+        return {int(i): str(data) for i, data in rows}
+
+    async def delete_parts(self, key: str) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM parts WHERE key = ?", (key,))
+
+    async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
+        now = time.time()
+        async with self._conn() as db:
+            cur = await db.execute(
+                "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+                " holder = excluded.holder, expires_at = excluded.expires_at"
+                " WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
+                (name, holder, now + ttl_s, now),
+            )
+        return cur.rowcount == 1
+
+    async def release_lease(self, name: str, holder: str) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM leases WHERE name = ? AND holder = ?", (name, holder))
+
+
+_IN_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
+
+_OBJECTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS objects (
+    kind TEXT NOT NULL,
+    id TEXT NOT NULL,
+    owner TEXT NOT NULL,
+    sort_key TEXT NOT NULL,
+    rev INTEGER NOT NULL,
+    active INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (kind, id)
+);
+CREATE INDEX IF NOT EXISTS objects_by_owner ON objects (kind, owner, sort_key);
+CREATE INDEX IF NOT EXISTS objects_active ON objects (kind, sort_key) WHERE active = 1;
+CREATE TABLE IF NOT EXISTS blobs (
+    key TEXT PRIMARY KEY,
+    data TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS parts (
+    key TEXT NOT NULL,
+    idx INTEGER NOT NULL,
+    data TEXT NOT NULL,
+    expires_at REAL NOT NULL,
+    PRIMARY KEY (key, idx)
+);
+CREATE TABLE IF NOT EXISTS leases (
+    name TEXT PRIMARY KEY,
+    holder TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+"""
+_OBJECT_COLUMNS = "kind, id, owner, sort_key, rev, active, data"
+
+
+async def _add_objects_schema(db: aiosqlite.Connection) -> None:
+    """The tables of the OpenAI-compatible APIs, and the tasks' ``lane`` column (added to
+    a file made before it existed)."""
+    await db.executescript(_OBJECTS_SCHEMA)
+    columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(tasks)")}
+    if "lane" not in columns:
+        await db.execute("ALTER TABLE tasks ADD COLUMN lane TEXT")
+
+
+async def _purge_objects(db: aiosqlite.Connection, now: float) -> None:
+    for table in ("objects", "blobs", "parts", "leases"):
+        await db.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (now,))
+
+
+async def _backlog(db: aiosqlite.Connection, *, batch: bool) -> int:
+    """Pending tasks of one lane: batch lines, or every other task."""
+    lane = "lane = 'batch'" if batch else "lane IS NULL"
+    row = await _first(db, f"SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND {lane}")
+    return int(row[0])
+
+
+def _object(row: Sequence[Any]) -> StoredObject:
+    kind, obj_id, owner, key, rev, active, data = row
+    return StoredObject(kind, obj_id, owner, key, json.loads(data), int(rev), bool(active))
