@@ -77,6 +77,8 @@ TARGETS = (0.8, 0.9, 0.95, 0.99)
 #: and none of its 84 samples reached 512, so Qwen keeps 512 (the pilot is its first 8
 #: records) and SmolLM2, which rambles to any limit, gets 128
 MAX_NEW_TOKENS = {"smollm2-135m": 128, "qwen0.5b": 512}
+#: a model with fewer problems in the fit half gets no calibration of its own
+MIN_FIT_PROBLEMS = 30
 GREEDY_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 3.0)
 CONFIDENCE_POWERS = (0.0, 1.0, 2.0, 4.0)
 
@@ -174,8 +176,8 @@ def tweak_vote(weight: float, power: float) -> Callable[[Strategy], None]:
 
 def replay_all(rep: ModelReport) -> None:
     r = rep.replayer
-    rep.add("greedy", "greedy (sample 0, T=0)", lambda x: r.run(x, "standard", [0]))
-    rep.add("single", "one sampled answer (sample 1, T)", lambda x: r.run(x, "standard", [1]))
+    rep.add("greedy", "greedy (sample 0, T=0)", lambda x: r.fast(x, 0))
+    rep.add("single", "one sampled answer (sample 1, T)", lambda x: r.fast(x, 1))
     for k in (3, 5, 8):
         rep.add(
             f"majority@{k}",
@@ -298,7 +300,7 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
             if half_of(x["key"]) != 0:
                 continue
             for i in range(9):
-                o = r.run(x, "standard", [i])
+                o = r.fast(x, i)
                 results["fast"].append((o.features, o.correct))
             for n in range(2, 10):
                 for es in (False, True):
@@ -324,6 +326,10 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
     }
     return Calibration(sample_model, modes, info), {"grid": grid, "targets": fit_targets(reports)}
+
+
+def fit_problems(rep: ModelReport) -> int:
+    return sum(1 for x in rep.records if half_of(x["key"]) == 0)
 
 
 def fit_targets(reports: Sequence[ModelReport]) -> dict[float, tuple[int, int, float]]:
@@ -355,7 +361,7 @@ def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float
         for x in rep.records:
             if half_of(x["key"]) != 1:
                 continue
-            for o in (r.run(x, "standard", [0]), r.run(x, "standard", [1])):
+            for o in (r.fast(x, 0), r.fast(x, 1)):
                 pairs["fast"].append((o.confidence or 0.0, o.correct))
             for n, es in ((3, False), (5, True), (8, True)):
                 o = r.run(x, "standard", list(range(n)), early_stop=es)
@@ -568,7 +574,11 @@ def report(args: argparse.Namespace) -> int:
     if not reports:
         return 1
     pooled, fit_info = fit_calibration(reports)
-    fitted = {rep.model: fit_calibration([rep])[0] for rep in reports}
+    # a model with too few problems for a fit of its own uses the pooled one
+    fitted = {
+        rep.model: fit_calibration([rep])[0] if fit_problems(rep) >= MIN_FIT_PROBLEMS else pooled
+        for rep in reports
+    }
     for rep in reports:
         rep.replayer.calibration = fitted[rep.model]
         replay_all(rep)
@@ -587,7 +597,7 @@ def report(args: argparse.Namespace) -> int:
         data = {
             "info": info,
             "default": pooled.to_json(),
-            "models": {model: c.to_json() for model, c in fitted.items()},
+            "models": {m: c.to_json() for m, c in fitted.items() if c is not pooled},
         }
         CALIBRATION_PATH.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {CALIBRATION_PATH}", flush=True)
@@ -728,8 +738,10 @@ def write_report(
         lines += ["", sample_notes(rep), ""]
     lines += ["## Calibration", ""]
     lines.append(
-        "One fit per model (the service picks it by `PONDER_MODEL`) and one over all models "
-        "(for other models), each on the fit half (a hash of the problem key); "
+        "One fit per model with at least "
+        f"{MIN_FIT_PROBLEMS} problems in the fit half (the service picks it by `PONDER_MODEL`) "
+        "and one over all models (for the others), each on the fit half (a hash of the "
+        "problem key); "
         f"rows of the pooled fit: {calibration.info.get('rows')}. Expected calibration error "
         "(10 bins) on the held-out half — fast: the greedy and one sampled answer alone; "
         "standard: N=3, and N=5 and N=8 with the stop rule; deep: N=5 with the stop rule:"

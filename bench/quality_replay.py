@@ -71,11 +71,19 @@ class Replayer:
             )
         return self._correct[key]
 
-    def strategy(self, record: dict[str, Any], mode: str, planned: int, **task: Any) -> Strategy:
+    def strategy(
+        self,
+        record: dict[str, Any],
+        mode: str,
+        planned: int,
+        as_mode: str | None = None,
+        **task: Any,
+    ) -> Strategy:
+        """The strategy of ``as_mode`` (default ``mode``) over the record's ``mode`` run."""
         run = record["runs"][mode]
         t = Task(
             id=run["task_id"],
-            mode=mode,  # type: ignore[arg-type]
+            mode=as_mode or mode,  # type: ignore[arg-type]
             task_type=record["task_type"],
             prompt=record["question"],
             samples_planned=planned,
@@ -114,13 +122,15 @@ class Replayer:
         early_stop: bool = False,
         target: float | None = None,
         tweak: Callable[[Strategy], None] | None = None,
+        as_mode: str | None = None,
     ) -> Outcome:
-        """The strategy of ``mode`` over the recorded samples ``indices`` (in that order,
-        renumbered 0..), replaying its window of running samples and its stop rule."""
+        """The strategy of ``as_mode`` (default ``mode``) over the ``mode`` run's recorded
+        samples ``indices`` (in that order, renumbered 0..), replaying its window of
+        running samples and its stop rule."""
         recorded = [dict(record["runs"][mode]["samples"][i]) for i in indices]
         planned = len(recorded)
         strategy = self.strategy(
-            record, mode, planned, early_stop=early_stop, target_confidence=target
+            record, mode, planned, as_mode, early_stop=early_stop, target_confidence=target
         )
         if tweak is not None:
             tweak(strategy)
@@ -179,6 +189,10 @@ class Replayer:
         for k in set(range(planned)) - set(finished):
             live[k] = live[k].model_copy(update={"status": SampleStatus.skipped})
         return [final[k] for k in finished]
+
+    def fast(self, record: dict[str, Any], index: int) -> Outcome:
+        """Fast mode: the recorded standard sample ``index`` alone (0 is the greedy one)."""
+        return self.run(record, "standard", [index], as_mode="fast")
 
     def majority(self, record: dict[str, Any], indices: Sequence[int]) -> Outcome:
         """Plain self-consistency: the most frequent answer (ponder's extraction and
@@ -266,7 +280,7 @@ def ece(pairs: Iterable[tuple[float, bool]], bins: int = 10) -> tuple[float, int
 
 
 def fit_logistic(
-    rows: Sequence[tuple[dict[str, float], bool]], names: Sequence[str], l2: float = 1.0
+    rows: Sequence[tuple[dict[str, float], bool]], names: Sequence[str], l2: float = 10.0
 ) -> LogisticModel:
     """L2-regularised logistic regression (scipy's L-BFGS) over the named features."""
     import numpy as np
