@@ -77,6 +77,8 @@ TARGETS = (0.8, 0.9, 0.95, 0.99)
 #: and none of its 84 samples reached 512, so Qwen keeps 512 (the pilot is its first 8
 #: records) and SmolLM2, which rambles to any limit, gets 128
 MAX_NEW_TOKENS = {"smollm2-135m": 128, "qwen0.5b": 512}
+#: the standard mode's default target_confidence (chosen on the fit half: see the report)
+DEFAULT_TARGET = 0.8
 #: a model with fewer problems in the fit half gets no calibration of its own
 MIN_FIT_PROBLEMS = 30
 GREEDY_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 3.0)
@@ -108,7 +110,8 @@ async def live(args: argparse.Namespace) -> int:
 
     async def one(record: dict[str, Any]) -> None:
         async with gate:
-            line: dict[str, Any] = {"key": record["key"]}
+            target = settings.mode("standard").target_confidence
+            line: dict[str, Any] = {"key": record["key"], "target": target}
             for mode, n in (("standard", 5), ("deep", 5)):
                 run = record["runs"][mode]
                 request = TaskCreate(
@@ -380,7 +383,9 @@ def live_check(rep: ModelReport) -> tuple[int, int, int]:
         if line is None:
             continue
         problems += 1
-        replay = rep.replayer.run(x, "standard", list(range(5)), early_stop=True)
+        # the target the live run had (lines written before it was recorded: 0.95)
+        target = line.get("target", 0.95)
+        replay = rep.replayer.run(x, "standard", list(range(5)), early_stop=True, target=target)
         live_std = line["standard"]
         if replay.answer == live_std["answer"] and replay.samples == live_std["samples_used"]:
             matched += 1
@@ -462,11 +467,11 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
             f"({100 * saved:.0f} % fewer), accuracy {pct(rep.acc(name))} vs "
             f"{pct(rep.acc('ponder@8'))} % ({drop:+.1f} points, p = {t.p_value:.3g})"
         )
-        if target == 0.95:
+        if target == DEFAULT_TARGET:
             rows.append(
                 (
-                    "stop rule (default 0.95): >= 30 % fewer samples than N=8, accuracy "
-                    "within 1 point and not significantly lower",
+                    f"stop rule (default {DEFAULT_TARGET}): >= 30 % fewer samples than N=8, "
+                    "accuracy within 1 point and not significantly lower",
                     text,
                     "met" if ok else "**not met**",
                 )
@@ -697,7 +702,7 @@ def write_report(
             ("ponder@5", "ponder@5-plain"),
             ("ponder@5", "ponder@5-nocisc"),
             ("ponder@5", "ponder@5-sampled"),
-            ("stop@8-0.95", "ponder@8"),
+            (f"stop@8-{DEFAULT_TARGET}", "ponder@8"),
             ("deep", "ponder@5"),
             ("deep-stop", "deep"),
             ("ponder@5-sampled", "optillm-offline"),
@@ -717,7 +722,7 @@ def write_report(
             "majority@5",
             "ponder@5",
             "ponder@8",
-            "stop@8-0.95",
+            f"stop@8-{DEFAULT_TARGET}",
             "deep",
         ):
             cells = []
@@ -730,8 +735,9 @@ def write_report(
         if problems:
             lines.append(
                 f"Live check: {problems} problems run again through the worker runtime (standard "
-                f"N=5, stop rule on, same task ids): {matched} decisions (answer and samples "
-                f"used) match the replay; {texts} of their sample texts equal the recorded ones."
+                f"N=5, stop rule on at the live run's target, same task ids): {matched} "
+                "decisions (answer and samples used) match the replay; "
+                f"{texts} of their sample texts equal the recorded ones."
             )
         else:
             lines.append("Live check: not run for this model (`quality.py live`).")

@@ -52,7 +52,7 @@ class ModeConfig(BaseModel):
         default=False, description="stop sampling once the vote is decided (skipped samples)"
     )
     target_confidence: float = Field(
-        default=0.95,
+        default=0.8,
         gt=0,
         le=1,
         description="early stop: the probability that the leading answer stays the leader",

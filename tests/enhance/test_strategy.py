@@ -131,7 +131,8 @@ def test_the_stop_rule_uses_the_target_confidence() -> None:
     rest = [queued(i) for i in range(3, 8)]
     three = [done(0, "4", temperature=0), done(1, "4"), done(2, "4"), *rest]
     assert strategy(n=8, early_stop=True).stop(three).probability == pytest.approx(15 / 16)
-    assert not strategy(n=8, early_stop=True).stop(three).stop  # 0.9375 < the default 0.95
+    assert strategy(n=8, early_stop=True).stop(three).stop  # 0.9375 >= the default 0.8
+    assert not strategy(n=8, early_stop=True, target_confidence=0.95).stop(three).stop
     assert strategy(n=8, early_stop=True, target_confidence=0.9).stop(three).stop
     assert not strategy(n=8, early_stop=False, target_confidence=0.5).stop(three).stop
     split = [done(0, "4", temperature=0), done(1, "5"), done(2, "4"), *rest]
