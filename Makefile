@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch chaos soak peers clean
+.PHONY: install install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -64,6 +64,17 @@ bench-quality: install install-qwen peer-optillm
 ## A 2,000-line batch under interactive load at 50 % of capacity (own redis-server).
 bench-batch: install
 	$(PY) bench/batch.py
+
+bench-streaming: install
+	$(PY) bench/streaming.py
+
+## The console's screenshots in docs/ (headless Chromium from Debian's chromium package).
+screenshots: install
+	$(PY) -m tests.console.screenshots
+
+## Cancel latency across processes: API DELETE -> the worker stops the engine row.
+bench-cancel: install
+	$(PY) bench/cancels.py
 
 ## Reliability runs, each over its own redis-server on a free port (never the shared one):
 ## workers SIGKILLed + a Redis restart (bench/results/chaos.md); 20,000 submits at 2x the

@@ -20,9 +20,13 @@ never the machine's shared Redis) the script starts one ``ponder api`` and three
 Then it audits, from the API and from Redis: accepted tasks, how they ended, lost tasks
 (accepted, then unknown: must be 0), tasks finished twice (more than one terminal event in
 the task's event log: must be 0), tasks stuck in a non-terminal state after the run (must
-be 0), and samples recomputed. Workers here are ``ponder worker`` run through this file
-(``--as-worker``), which only adds a log line per sample the engine computed; a sample
-computed twice (once by a killed worker, again after the reclaim) is a recomputed one.
+be 0), samples recomputed, and the takeover time after each kill: the queue entries the
+killed worker held (read from the consumer group right after the SIGKILL) until each of
+their tasks started again on another worker (its next ``running`` event).
+
+Workers here are ``ponder worker`` run through this file (``--as-worker``), which only adds
+a log line per sample the engine starts, returns or is told to stop; a sample computed
+twice (once by a killed worker, again after the reclaim) is a recomputed one.
 """
 
 from __future__ import annotations
@@ -30,6 +34,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import datetime
+import functools
 import json
 import os
 import platform
@@ -195,23 +201,28 @@ async def wait_ready(url: str, workers: int, timeout_s: float = 60) -> None:
 
 
 def run_as_worker(engine_log: str) -> None:
-    """``ponder worker``, plus a line per sample the engine starts (``S time task index``)
-    and one per sample it returns (``F time task index``)."""
+    """``ponder worker``, plus a line per sample handed to the engine (``S time task
+    index``), one per sample it returns (``F time task index``) and one per sample the
+    worker tells it to stop (``C time task index``)."""
     from ponder.cli import app
     from ponder.engines.scripted import ScriptedEngine
 
     fd = os.open(engine_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    generate = ScriptedEngine.generate
+    submit = ScriptedEngine.submit
 
-    async def logged(self: ScriptedEngine, batch: Any) -> Any:
-        t = time.time()
-        os.write(fd, "".join(f"S {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
-        out = await generate(self, batch)
-        t = time.time()
-        os.write(fd, "".join(f"F {t:.3f} {r.task_id} {r.sample_index}\n" for r in batch).encode())
+    def line(kind: str, request: Any) -> None:
+        os.write(
+            fd, f"{kind} {time.time():.6f} {request.task_id} {request.sample_index}\n".encode()
+        )
+
+    async def logged(self: ScriptedEngine, request: Any) -> Any:
+        request.on_cancel(functools.partial(line, "C", request))
+        line("S", request)
+        out = await submit(self, request)
+        line("F", request)
         return out
 
-    ScriptedEngine.generate = logged  # type: ignore[method-assign]
+    ScriptedEngine.submit = logged  # type: ignore[method-assign]
     sys.argv = ["ponder", "worker"]
     app()
 
@@ -304,18 +315,29 @@ class Submitted:
 
 
 @dataclass
+class Kill:
+    at: float  # seconds into the run
+    wall: float  # time.time() of the SIGKILL
+    worker: str
+    held: list[str] | None  # task ids of the entries it held (None: Redis was down)
+
+
+@dataclass
 class Run:
     args: argparse.Namespace
     url: str = ""
     tasks: list[Submitted] = field(default_factory=list)
     answers: Counter[str] = field(default_factory=Counter)  # "POST 503 unavailable", ...
-    kills: list[tuple[float, str]] = field(default_factory=list)
+    kills: list[Kill] = field(default_factory=list)
     details: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # attempts, error
     partial_samples: Counter[str] = field(default_factory=Counter)  # unfinished, in partials
     redis_restart_at: float | None = None
     redis_down_s: float | None = None
     outage_wall: tuple[float, float] | None = None  # time.time() while Redis was down
     load: tuple[float, float] = (0.0, 0.0)
+    started_at: str = field(
+        default_factory=lambda: f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC"
+    )
     t0: float = 0.0
     submits_done: asyncio.Event = field(default_factory=asyncio.Event)
     all_ended: asyncio.Event = field(default_factory=asyncio.Event)
@@ -387,7 +409,12 @@ async def submit_all(run: Run, c: httpx.AsyncClient, rng: random.Random) -> None
 
 
 async def chaos_monkey(
-    run: Run, workers: list[PonderProc], start_worker: Any, rng: random.Random
+    run: Run,
+    workers: list[PonderProc],
+    start_worker: Any,
+    rng: random.Random,
+    redis_url: str,
+    prefix: str,
 ) -> None:
     """SIGKILL a random worker every 3-6 s, replacing it, until every task has ended."""
     while not run.all_ended.is_set():
@@ -397,8 +424,28 @@ async def chaos_monkey(
         victim = rng.randrange(len(workers))
         old = workers[victim]
         await old.kill()
-        run.kills.append((time.monotonic() - run.t0, old.name))
+        wall = time.time()
+        held = await held_entries(redis_url, prefix, f"{old.name}-w0")
+        run.kills.append(Kill(time.monotonic() - run.t0, wall, old.name, held))
         workers[victim] = await start_worker()
+
+
+async def held_entries(redis_url: str, prefix: str, consumer: str) -> list[str] | None:
+    """Task ids of the queue entries ``consumer`` holds (None if Redis does not answer)."""
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
+    held: list[str] = []
+    try:
+        for p in range(6):
+            key = f"{prefix}:q:{p}"
+            pending: Any = await client.xpending_range(key, "workers", "-", "+", 1000, consumer)
+            for entry in pending:
+                found: Any = await client.xrange(key, entry["message_id"], entry["message_id"])
+                held += [fields["task"] for _, fields in found]
+    except aioredis.RedisError:
+        return None
+    finally:
+        await client.aclose()
+    return held
 
 
 async def redis_restart(run: Run, redis_server: RedisProc) -> None:
@@ -467,6 +514,7 @@ async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     twice: list[str] = []
     kept = reclaimed = 0
+    starts_at: dict[str, list[float]] = {}  # task -> times of its running events (server)
     try:
         for chunk_start in range(0, len(ids), 200):
             chunk = ids[chunk_start : chunk_start + 200]
@@ -479,7 +527,7 @@ async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[
                 starts = 0
                 saved_before_last_start = 0
                 saved = 0
-                for _, fields in entries:
+                for entry_id, fields in entries:
                     data = json.loads(fields["data"])
                     if fields["event"] == "result":
                         terminal += 1
@@ -489,6 +537,9 @@ async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[
                         elif data.get("status") == "running":
                             starts += 1
                             saved_before_last_start = saved
+                            starts_at.setdefault(task_id, []).append(
+                                int(entry_id.split("-")[0]) / 1000
+                            )
                     elif fields["event"] == "sample" and data.get("status") == "done":
                         saved += 1
                 if terminal > 1:
@@ -512,7 +563,41 @@ async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[
         "kept_samples": kept,
         "queues": queues,
         "consumers": consumers,
+        "starts_at": starts_at,
     }
+
+
+@dataclass
+class Takeovers:
+    per_kill: list[float]  # per kill that held tasks: until the last of them started again
+    per_task: list[float]  # per task taken over: until it started again
+    kills_holding: int  # kills of a worker that held queue entries
+    unknown: int  # kills during the Redis outage (entries not readable)
+    by_kill: dict[int, float]  # id(kill) -> its takeover time
+
+
+def takeovers(kills: Sequence[Kill], starts_at: dict[str, list[float]]) -> Takeovers:
+    """How long after each kill the dead worker's tasks started again elsewhere (a task
+    that ended meanwhile, e.g. cancelled, or never started again, is left out)."""
+    per_kill: list[float] = []
+    per_task: list[float] = []
+    by_kill: dict[int, float] = {}
+    holding = unknown = 0
+    for kill in kills:
+        if kill.held is None:
+            unknown += 1
+            continue
+        holding += bool(kill.held)
+        waits = [
+            min(t for t in starts_at.get(task_id, []) if t > kill.wall) - kill.wall
+            for task_id in kill.held
+            if any(t > kill.wall for t in starts_at.get(task_id, []))
+        ]
+        per_task += waits
+        if waits:
+            per_kill.append(max(waits))
+            by_kill[id(kill)] = max(waits)
+    return Takeovers(per_kill, per_task, holding, unknown, by_kill)
 
 
 @dataclass
@@ -537,7 +622,7 @@ def read_engine_logs(paths: Sequence[Path], outage: tuple[float, float] | None) 
             pair = (parts[2], parts[3])
             if parts[0] == "S":
                 started[pair] += 1
-            else:
+            elif parts[0] == "F":
                 finished.setdefault(pair, []).append(float(parts[1]))
     twice = [sorted(ts) for ts in finished.values() if len(ts) > 1]
     lo, hi = outage or (0.0, 0.0)
@@ -563,8 +648,8 @@ async def main(args: argparse.Namespace) -> int:
             "lease_s": args.lease_s,
             "claim_block_ms": 500,
             "store_timeout_s": 2,
-            "scripted_batch_ms": "20,2",
-            "batch_max_concurrent": 4,
+            "scripted_step_ms": "20,2",
+            "engine_max_rows": 32,
             "shutdown_grace_s": 5,
         }
         api = PonderProc(
@@ -594,7 +679,9 @@ async def main(args: argparse.Namespace) -> int:
                 waiter = asyncio.create_task(
                     wait_all_ended(run, redis_server.url, prefix, args.drain_timeout_s)
                 )
-                monkey = asyncio.create_task(chaos_monkey(run, workers, start_worker, rng))
+                monkey = asyncio.create_task(
+                    chaos_monkey(run, workers, start_worker, rng, redis_server.url, prefix)
+                )
                 restart = asyncio.create_task(redis_restart(run, redis_server))
                 await submit_all(run, c, rng)
                 submitted_s = time.monotonic() - run.t0
@@ -666,6 +753,7 @@ def render(
 ) -> str:
     args = run.args
     n = counts(run, final, audit)
+    taken = takeovers(run.kills, audit["starts_at"])
     by_status = Counter(s for s in final.values())
     attempts = Counter(a for a, _ in run.details.values())
     errors = Counter(e for _, e in run.details.values() if e)
@@ -682,7 +770,7 @@ def render(
         "# Chaos run",
         "",
         f"`make chaos` (`.venv/bin/python bench/chaos.py`) at commit {args.commit}, "
-        f"seed {args.seed}. "
+        f"seed {args.seed}, started {run.started_at}. "
         f"{environment()}, redis-server {redis_ver}.",
         "",
         load_note(*run.load),
@@ -696,8 +784,9 @@ def render(
         "",
         "- Own `redis-server` on a free loopback port, AOF on (`appendfsync always`); "
         "1 `ponder api` + "
-        f"{args.workers} `ponder worker` processes, scripted engine (`20 ms + 2 ms/row` per "
-        "batch, per-sample `[[sleep_ms]]` of 50-1500 ms), batch size 8, 4 batches at once.",
+        f"{args.workers} `ponder worker` processes, scripted engine (continuous batching, "
+        "`20 ms + 2 ms/row` per step, up to 32 rows, per-sample `[[sleep_ms]]` of "
+        "50-1500 ms).",
         f"- `PONDER_LEASE_S={args.lease_s:g}`, `PONDER_MAX_DELIVERIES=5` (default), "
         "shutdown grace 5 s.",
         f"- {args.tasks} tasks submitted at {args.rate:g}/s: "
@@ -734,6 +823,22 @@ def render(
         f"| of which the engine had finished before (finished, not yet saved) | "
         f"{work.finished_twice} ({work.finished_in_outage} finished while Redis was down) |",
         f"| tasks reclaimed (started more than once) | {audit['reclaimed_tasks']} |",
+        f"| **takeover after a kill** (until the last of its tasks started again), p50 / max "
+        f"over {len(taken.per_kill)} kills | **{percentile(taken.per_kill, 50):.2f} s / "
+        f"{max(taken.per_kill, default=float('nan')):.2f} s** (lease {args.lease_s:g} s) |",
+        f"| takeover per task, p50 / max over {len(taken.per_task)} tasks | "
+        f"{percentile(taken.per_task, 50):.2f} s / "
+        f"{max(taken.per_task, default=float('nan')):.2f} s |",
+        f"| kills of a worker holding tasks / while Redis was down (not measured) | "
+        f"{taken.kills_holding} / {taken.unknown} |",
+        "| takeover after each kill (t = kill time: entries held → s until the last "
+        "started again) | "
+        + ", ".join(
+            f"t={k.at:.0f}: {'?' if k.held is None else len(k.held)}"
+            + (f" → {w:.1f}" if (w := taken.by_kill.get(id(k))) is not None else "")
+            for k in run.kills
+        )
+        + " |",
         f"| finished samples kept across those reclaims | {audit['kept_samples']} |",
         "| attempts per task | "
         + ", ".join(f"{k}: {attempts[k]}" for k in sorted(attempts))
@@ -757,8 +862,8 @@ def render(
         "|---|---|---|",
         *(f"| {p} | {x} | {pe} |" for p, (x, pe) in audit["queues"].items()),
         "",
-        f"Consumer names known to the groups: {audit['consumers']} (one per worker loop ever "
-        "started: a killed worker's name stays in the group; it holds no entries).",
+        f"Consumer names known to the groups: {audit['consumers']} (a dead worker is removed "
+        "from the group once its entries are taken over; the live workers remain).",
         "",
         "Exit codes at the end (SIGTERM): "
         + ", ".join(f"{k} {v}" for k, v in exit_codes.items())
@@ -778,6 +883,11 @@ def render(
         "saved before a kill are never recomputed: the reclaiming worker runs only the "
         "missing ones (*finished samples kept*, counted from each task's event log: "
         "`sample` events before its last `running`).",
+        "- *takeover after a kill*: right after each SIGKILL the entries the killed worker "
+        "held are read from the consumer group (`XPENDING … consumer`); a task's takeover "
+        "time is from the kill to its next `running` event (the event's stream id is "
+        "Redis's clock, the kill time this machine's: the same clock); a kill's is that "
+        "of the last of its tasks.",
         "",
     ]
     return "\n".join(lines)

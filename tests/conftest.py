@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import os
+import socket
+import threading
+import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -134,6 +138,35 @@ class LiveServer:
             await asyncio.wait_for(self._task, 30)
 
 
+class ThreadedServer:
+    """An ASGI app served by uvicorn on 127.0.0.1 (a free port) in a thread of its own, with
+    its own event loop: for tests that block (a browser driven by Selenium, a model call).
+
+    The socket listens before uvicorn starts: connections wait in its backlog until the app
+    has started, so nobody needs to wait for the server to be up.
+    """
+
+    def __init__(self, app: Any, **config: Any) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(128)
+        self.url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        options = {"log_level": "warning", "ws": "none", **config}
+        self.server = uvicorn.Server(uvicorn.Config(app, **options))
+        self.thread = threading.Thread(
+            target=self.server.run, kwargs={"sockets": [self.sock]}, daemon=True
+        )
+
+    def __enter__(self) -> ThreadedServer:
+        self.thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=30)
+        self.sock.close()
+
+
 @pytest.fixture
 async def server(settings: Settings) -> AsyncIterator[LiveServer]:
     """The all-in-one service (API + one worker, scripted engine) on loopback."""
@@ -174,3 +207,19 @@ async def wait_for_task(
 
 
 TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}
+
+
+async def until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
+    """Poll ``check()`` (sync or async) until it returns something truthy; fail after
+    ``timeout_s`` naming ``what``. Only for state that no event announces: other
+    processes watched from the outside, the webhook outbox draining."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        result = check()
+        if asyncio.iscoroutine(result):
+            result = await result
+        if result:
+            return result
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        await asyncio.sleep(interval_s)

@@ -5,7 +5,6 @@ was finalizing."""
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,19 +16,11 @@ from ponder.files import FileStore, file_id_of
 from ponder.ids import IdGenerator, sort_key
 from ponder.store import TaskStore
 from ponder.store.base import StoredObject
-from ponder.webhooks import WebhookSender
 
 pytestmark = pytest.mark.timeout(30)
 
 _ids = IdGenerator("test1")
 CHAT = "/v1/chat/completions"
-
-
-@pytest.fixture
-async def sender(store: TaskStore, settings: Settings) -> AsyncIterator[WebhookSender]:
-    webhooks = WebhookSender(store, settings)
-    yield webhooks
-    await webhooks.close()
 
 
 def line(i: int) -> str:
@@ -69,12 +60,10 @@ async def batch_of(store: TaskStore, obj: StoredObject) -> dict[str, Any]:
     return stored.data
 
 
-async def test_one_feeder_at_a_time(
-    store: TaskStore, settings: Settings, sender: WebhookSender
-) -> None:
+async def test_one_feeder_at_a_time(store: TaskStore, settings: Settings) -> None:
     obj = await make_batch(store, settings, 20)
-    first = BatchFeeder(store, settings, sender, holder="first")
-    second = BatchFeeder(store, settings, sender, holder="second")
+    first = BatchFeeder(store, settings, holder="first")
+    second = BatchFeeder(store, settings, holder="second")
     await first.tick()  # validates
     await first.tick()  # admits (no worker runs them: they stay pending)
     data = await batch_of(store, obj)
@@ -94,7 +83,7 @@ async def test_one_feeder_at_a_time(
 
 
 async def test_a_batch_stopped_while_finalizing_is_finished_by_the_next_feeder(
-    store: TaskStore, settings: Settings, sender: WebhookSender
+    store: TaskStore, settings: Settings
 ) -> None:
     obj = await make_batch(store, settings, 3)
     obj.data["batch"].update(status="finalizing", finalizing_at=1)
@@ -109,7 +98,7 @@ async def test_a_batch_stopped_while_finalizing_is_finished_by_the_next_feeder(
         }
         await store.put_part(obj.id, n, json.dumps({"ok": True, "entry": entry}), ttl_s=60)
     assert await store.update_object(obj)
-    await BatchFeeder(store, settings, sender, holder="next").tick()
+    await BatchFeeder(store, settings, holder="next").tick()
     data = await batch_of(store, obj)
     assert data["batch"]["status"] == "completed" and data["batch"]["completed_at"]
     assert data["batch"]["error_file_id"] is None

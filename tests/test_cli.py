@@ -7,6 +7,7 @@ import json
 import os
 import re
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -54,6 +55,22 @@ async def test_usage_errors_exit_2() -> None:
     assert code == 2
     code, _, err = await run_cli("serve", env={"PONDER_MAX_PENDING": "-3"})
     assert code == 2 and "PONDER_MAX_PENDING" in err
+
+
+@pytest.mark.parametrize(
+    ("variable", "value"), [("PONDER_ENGINE", "nope"), ("PONDER_MODEL", "/nonexistent")]
+)
+async def test_serve_reports_an_engine_configuration_error_in_one_line(
+    variable: str, value: str, tmp_path: Path
+) -> None:
+    """Found at start-up (the engine is made, the model looked for, in the app's lifespan):
+    one line naming the variable, no traceback, exit 2."""
+    env = {variable: value, "PONDER_PORT": "0", "PONDER_SQLITE_PATH": str(tmp_path / "p.db")}
+    code, _, err = await run_cli("serve", env=env)
+    assert code == 2, err
+    assert "Traceback" not in err
+    (line,) = [line for line in err.splitlines() if line.startswith("error:")]
+    assert variable in line
 
 
 async def test_help_everywhere() -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
@@ -24,6 +25,7 @@ from ponder.client import (
     WaitTimeout,
 )
 from ponder.config import Settings
+from ponder.errors import ConfigError
 from ponder.types import Task, TaskStatus
 from tests.conftest import LiveServer
 
@@ -258,6 +260,82 @@ async def test_preliminary_events_are_typed(server: LiveServer) -> None:
         events = [e async for e in client.events(task.id)]
         (preliminary,) = [e.result for e in events if e.event == "preliminary"]
         assert preliminary is not None and preliminary.answer is not None
+
+
+# --- strict input, mirrored -----------------------------------------------------------
+STRICT = [
+    ({"priority": True}, "priority: Input should be a valid integer"),
+    ({"samples": "2"}, "samples: Input should be a valid integer"),
+    ({"temperature": "0.5"}, "temperature: Input should be a valid number"),
+    ({"timeout_s": float("inf")}, "timeout_s: Input should be a finite number"),
+    ({"metadata": {"x": float("nan")}}, "metadata: `x` is NaN or Infinity"),
+    ({"metadata": {"x": [1, {"y": float("-inf")}]}}, "metadata: `x[1].y` is NaN or Infinity"),
+    ({"callback_url": "http://example.com:0/h"}, "callback_url: port 0"),
+    ({"callback_url": "http://me:pw@example.com/h"}, "user name or password"),
+    ({"early_stop": "yes"}, "early_stop: Input should be a valid boolean"),
+    ({"stop": ["ok", ""]}, "stop.1: String should have at least 1 character"),
+    ({"prompt": " \n "}, "prompt: the prompt is blank"),
+]
+
+
+@pytest.mark.parametrize(("fields", "fragment"), STRICT)
+async def test_submit_checks_its_request_as_the_api_does(
+    server: LiveServer, fields: dict[str, Any], fragment: str
+) -> None:
+    body = {"prompt": "a question", **fields}
+    # nothing listens on port 9: an error other than InvalidRequestError means it sent
+    async with AsyncClient("http://127.0.0.1:9", max_retries=0) as offline:
+        with pytest.raises(InvalidRequestError) as local:
+            await offline.submit(**body)
+    assert local.value.status_code == 422 and local.value.code == "invalid"
+    assert fragment in local.value.message
+    with (
+        Client("http://127.0.0.1:9", max_retries=0) as blocking_client,
+        pytest.raises(InvalidRequestError) as blocking,
+    ):
+        blocking_client.submit(**body)
+    assert blocking.value.message == local.value.message
+    # the API answers the same message (sent raw: json.dumps writes NaN and Infinity)
+    async with httpx.AsyncClient(base_url=server.url) as raw:
+        response = await raw.post(
+            "/v1/tasks", content=json.dumps(body), headers={"content-type": "application/json"}
+        )
+    assert response.status_code == 422
+    assert response.json()["error"]["message"] == local.value.message
+
+
+async def test_submit_sends_every_field_of_the_request(server: LiveServer) -> None:
+    async with AsyncClient(server.url) as client:
+        task = await client.submit(
+            "[[answers: 3, 3, 4]]", stop=["\n\n"], early_stop=False, temperature=1, priority=0
+        )
+    assert (task.stop, task.early_stop, task.temperature, task.priority) == (
+        ["\n\n"],
+        False,
+        1.0,
+        0,
+    )
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "env", "fragment"),
+    [
+        ({"base_url": "localhost:8000"}, {}, "'localhost:8000' (PONDER_URL) is not an http(s) URL"),
+        ({}, {"PONDER_URL": "ftp://example.com"}, "'ftp://example.com' (PONDER_URL)"),
+        ({"base_url": "http://"}, {}, "is not an http(s) URL"),
+        ({"api_key": "clé"}, {}, "the API key (PONDER_API_KEY) must be printable ASCII"),
+        ({}, {"PONDER_API_KEY": "pk\nsecond-line"}, "printable ASCII"),
+    ],
+)
+def test_a_client_with_a_bad_url_or_key_is_a_config_error(
+    monkeypatch: pytest.MonkeyPatch, kwargs: dict[str, str], env: dict[str, str], fragment: str
+) -> None:
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    for cls in (Client, AsyncClient):
+        with pytest.raises(ConfigError) as info:
+            cls(**kwargs)
+        assert fragment in str(info.value)
 
 
 # --- the blocking client --------------------------------------------------------------

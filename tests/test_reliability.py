@@ -17,6 +17,7 @@ import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +28,7 @@ import redis.asyncio as aioredis
 from ponder.config import NUM_PRIORITIES, Settings
 from ponder.store.base import Claim, Event
 from ponder.store.redis import RedisStore
-from tests.conftest import TERMINAL_NAMES, LiveServer, make_settings, wait_for_task
+from tests.conftest import TERMINAL_NAMES, LiveServer, make_settings, until, wait_for_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
@@ -39,21 +40,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-async def until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
-    """Poll ``check()`` (sync or async) until it returns something truthy; fail after
-    ``timeout_s`` naming ``what``. Only for processes watched from the outside."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        result = check()
-        if asyncio.iscoroutine(result):
-            result = await result
-        if result:
-            return result
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
-        await asyncio.sleep(interval_s)
 
 
 class RedisServer:
@@ -230,6 +216,25 @@ async def start_worker(
     return worker
 
 
+@asynccontextmanager
+async def api_over_redis(
+    settings: Settings,
+) -> AsyncIterator[tuple[list[Proc], httpx.AsyncClient, RedisStore]]:
+    """An API on loopback over Redis, a client of it, a store to read event logs with, and
+    the list to put worker processes in (each killed at the end)."""
+    store = RedisStore(settings)
+    async with (
+        processes() as procs,
+        LiveServer(settings, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+    ):
+        await store.start()
+        try:
+            yield procs, c, store
+        finally:
+            await store.close()
+
+
 async def events_of(store: RedisStore, task_id: str) -> list[Event]:
     return await store.read_events(task_id, None, limit=1000)
 
@@ -243,6 +248,15 @@ async def wait_event(
         while not any(match(e) for e in seen):
             after = seen[-1].id if seen else None
             seen += await store.read_events(task_id, after, block_ms=500)
+    return seen
+
+
+async def samples_saved(store: RedisStore, task_id: str, count: int) -> list[Event]:
+    """The task's event log up to its ``count``-th saved sample."""
+    seen: list[Event] = []
+    async with asyncio.timeout(30):
+        while sum(e.event == "sample" for e in seen) < count:
+            seen += await store.read_events(task_id, seen[-1].id if seen else None, block_ms=500)
     return seen
 
 
@@ -343,9 +357,16 @@ async def test_worker_backs_off_and_resumes_and_accepted_tasks_end(tmp_path: Pat
             assert await worker.wait(30) == 0, worker.log()[-3000:]
 
 
-def _ready(c: httpx.AsyncClient) -> Any:
+def _logged_twice(proc: Proc, line: str) -> bool:
+    return proc.log().count(line) >= 2
+
+
+def _ready(c: httpx.AsyncClient, url: str = "") -> Any:
     async def check() -> bool:
-        return (await c.get("/readyz")).status_code == 200
+        try:
+            return (await c.get(f"{url}/readyz")).status_code == 200
+        except httpx.TransportError:
+            return False
 
     return check
 
@@ -395,6 +416,111 @@ async def test_consumer_groups_come_back_after_redis_restarts_empty(tmp_path: Pa
             await store.close()
 
 
+async def test_a_worker_outlives_every_store_error(tmp_path: Path) -> None:
+    """FLUSHDB, DEL of a queue, CLIENT KILL, READONLY (a replica after a failover) and a
+    restart without persistence: the worker logs, backs off, recreates what is missing
+    and goes on; a task submitted after each fault completes."""
+    async with (
+        own_redis(tmp_path / "redis", aof=False) as redis_server,
+        processes() as procs,
+    ):
+        settings = make_settings(redis_url=redis_server.url, key_prefix="rel", store_timeout_s=1.0)
+        admin = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        async with (
+            LiveServer(settings, workers=0) as live,
+            httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+        ):
+            # lease 3 s: after a fault that loses the registry it registers again in 1 s
+            worker = await start_worker(procs, tmp_path, settings, "wA", lease_s=3)
+
+            async def task_completes(label: str) -> None:
+                response = await until(
+                    lambda: c.post("/v1/tasks", json={"prompt": f"{label} [[answers: 3]]"}),
+                    15,
+                    f"a submit after {label}",
+                )
+                assert response.status_code == 202, (label, response.text)
+                done = await wait_for_task(c, response.json()["id"], timeout_s=30)
+                assert done["status"] == "done", (label, done)
+                assert worker.proc is not None and worker.proc.returncode is None, label
+
+            async def readonly() -> None:
+                await admin.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
+                await worker.wait_log("read only replica")  # READONLY, as redis-py words it
+                await admin.execute_command("REPLICAOF", "NO", "ONE")
+
+            faults = {
+                "FLUSHDB": lambda: admin.flushdb(),
+                "DEL of a queue": lambda: admin.delete("rel:q:3"),
+                "CLIENT KILL": lambda: admin.client_kill_filter(_type="normal", skipme=True),
+                "READONLY": readonly,
+                "a restart without persistence": redis_server.restart,
+            }
+            try:
+                await task_completes("the start")
+                for label, fault in faults.items():
+                    await fault()
+                    if label == "a restart without persistence":
+                        await admin.aclose()
+                        admin = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+                    await task_completes(label)
+            finally:
+                await admin.aclose()
+            log = worker.log()
+            assert "Traceback" not in log and "worker loop ended" not in log, log[-3000:]
+            worker.send(signal.SIGTERM)
+            assert await worker.wait(30) == 0, worker.log()[-3000:]
+
+
+async def test_start_up_waits_for_the_store(tmp_path: Path) -> None:
+    """`ponder worker`, `api` and `serve` started before Redis: one line per attempt, no
+    traceback; the API answers /healthz and says not ready; all go on once Redis is up."""
+    redis_server = RedisServer(tmp_path / "redis", aof=False)
+    settings = make_settings(redis_url=redis_server.url, key_prefix="rel", store_timeout_s=0.5)
+    api_port, serve_port = free_port(), free_port()
+    waiting = f"waiting for Redis at {redis_server.url}: "
+    async with processes() as procs:
+        env = ponder_env(settings, "wA")
+        worker = Proc(tmp_path / "worker.log", env, "worker")
+        api = Proc(
+            tmp_path / "api.log", ponder_env(settings, "api1"), "api", "--port", str(api_port)
+        )
+        serve = Proc(
+            tmp_path / "serve.log", ponder_env(settings, "s1"), "serve", "--port", str(serve_port)
+        )
+        for proc in (worker, api, serve):
+            procs.append(await proc.start())
+        for proc in (worker, api, serve):
+            await until(partial(_logged_twice, proc, waiting), 30, f"two attempts of {proc.args}")
+        async with httpx.AsyncClient(timeout=10) as c:
+            for port in (api_port, serve_port):
+                url = f"http://127.0.0.1:{port}"
+                assert (await c.get(f"{url}/healthz")).status_code == 200
+                ready = await c.get(f"{url}/readyz")
+                assert ready.status_code == 503 and ready.json()["store"] is False
+                assert_unavailable(await c.post(f"{url}/v1/tasks", json={"prompt": "early"}))
+            try:
+                await redis_server.start()
+                await worker.wait_log("worker wA running")
+                for port in (api_port, serve_port):
+                    url = f"http://127.0.0.1:{port}"
+                    await until(_ready(c, url), 20, f"{url} to be ready")
+                    task = (
+                        await c.post(f"{url}/v1/tasks", json={"prompt": "[[answers: 8]]"})
+                    ).json()
+                    async with httpx.AsyncClient(base_url=url, timeout=30) as svc:
+                        assert (await wait_for_task(svc, task["id"], timeout_s=30))[
+                            "status"
+                        ] == "done"
+            finally:
+                await redis_server.close()
+        for proc in (worker, api, serve):
+            log = proc.log()
+            assert "Traceback" not in log, log[-3000:]
+            attempts = [line for line in log.splitlines() if waiting in line]
+            assert all(len(line) < 300 for line in attempts)  # one line each
+
+
 # --- no task left behind --------------------------------------------------------------
 
 
@@ -427,25 +553,16 @@ async def test_killed_worker_task_is_reclaimed_keeping_finished_samples(
     # one row at a time on the engine: samples finish one after another
     sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
-            task = (await c.post("/v1/tasks", json=body)).json()
-            seen = await wait_event(store, task["id"], lambda e: e.event == "sample")
-            victim.send(signal.SIGKILL)  # mid-task: one sample saved, the next one running
-            assert await victim.wait(10) == -signal.SIGKILL
-            (kept,) = [e.data for e in seen if e.event == "sample"]
-            await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
-            final = await wait_for_task(c, task["id"], timeout_s=30)
-            events = await events_of(store, task["id"])
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
+        task = (await c.post("/v1/tasks", json=body)).json()
+        seen = await wait_event(store, task["id"], lambda e: e.event == "sample")
+        victim.send(signal.SIGKILL)  # mid-task: one sample saved, the next one running
+        assert await victim.wait(10) == -signal.SIGKILL
+        (kept,) = [e.data for e in seen if e.event == "sample"]
+        await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
+        final = await wait_for_task(c, task["id"], timeout_s=30)
+        events = await events_of(store, task["id"])
     assert final["status"] == "done"
     assert final["attempts"] == 2  # started by wA, reclaimed once by wB
     assert final["samples_done"] == 3
@@ -457,6 +574,43 @@ async def test_killed_worker_task_is_reclaimed_keeping_finished_samples(
     assert sum(e.event == "result" for e in events) == 1  # finished once
 
 
+@pytest.mark.timeout(120)
+async def test_a_killed_workers_16_tasks_all_resume_within_one_lease(
+    redis_settings: Settings, tmp_path: Path
+) -> None:
+    """SIGKILL a worker holding 16 tasks (lease 10 s): a new worker takes all of them over
+    at once, within lease + 5 s, keeping their finished samples; none finishes twice."""
+    lease_s = 10
+    options = {"lease_s": lease_s, "engine_max_rows": 64}
+    # 3 samples: the first wave (2) ends after 2 s and leaves the vote open; the third
+    # still runs when the worker dies
+    body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 2000]]", "samples": 3}
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
+        ids = [(await c.post("/v1/tasks", json=body)).json()["id"] for _ in range(16)]
+        saved = [await samples_saved(store, i, 2) for i in ids]
+        victim.send(signal.SIGKILL)
+        killed_at = time.time()
+        assert await victim.wait(10) == -signal.SIGKILL
+        await start_worker(procs, tmp_path, redis_settings, "wB", **options)
+        finals = [await wait_for_task(c, i, timeout_s=60) for i in ids]
+        logs = [await events_of(store, i) for i in ids]
+    resumed_after = []
+    for task_id, final, events, before in zip(ids, finals, logs, saved, strict=True):
+        assert final["status"] == "done" and final["attempts"] == 2, final
+        starts = [e for e in events if e.event == "status" and e.data["status"] == "running"]
+        assert len(starts) == 2, task_id
+        resumed_after.append(int(starts[1].id.split("-")[0]) / 1000 - killed_at)
+        assert sum(e.event == "result" for e in events) == 1  # finished once
+        # the two samples saved before the kill were kept, not computed again
+        kept = {e.data["index"]: e.data["text"] for e in before if e.event == "sample"}
+        assert set(kept) == {0, 1}
+        assert Counter(e.data["index"] for e in events if e.event == "sample") == {0: 1, 1: 1, 2: 1}
+        assert all(s["text"] == kept[s["index"]] for s in final["samples"] if s["index"] in kept)
+    print(f"takeover after the kill: {min(resumed_after):.2f}..{max(resumed_after):.2f} s")
+    assert max(resumed_after) <= lease_s + 5, resumed_after
+
+
 async def test_reclaim_after_the_first_wave_runs_the_remaining_samples(
     redis_settings: Settings, tmp_path: Path
 ) -> None:
@@ -466,25 +620,14 @@ async def test_reclaim_after_the_first_wave_runs_the_remaining_samples(
     # saved, while the third runs: the reclaim must run the third, not time it out
     sequential = {"lease_s": 1, "engine_max_rows": 1}
     body = {"prompt": "[[answers: 1, 2, 3]] [[sleep_ms: 700]]", "samples": 3}
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
-            task = (await c.post("/v1/tasks", json=body)).json()
-            await wait_event(
-                store, task["id"], lambda e: e.event == "sample" and e.data["index"] == 1
-            )
-            victim.send(signal.SIGKILL)
-            await victim.wait(10)
-            await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
-            final = await wait_for_task(c, task["id"], timeout_s=30)
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        victim = await start_worker(procs, tmp_path, redis_settings, "wA", **sequential)
+        task = (await c.post("/v1/tasks", json=body)).json()
+        await wait_event(store, task["id"], lambda e: e.event == "sample" and e.data["index"] == 1)
+        victim.send(signal.SIGKILL)
+        await victim.wait(10)
+        await start_worker(procs, tmp_path, redis_settings, "wB", **sequential)
+        final = await wait_for_task(c, task["id"], timeout_s=30)
     assert final["status"] == "done", [s["status"] for s in final["samples"]]
     assert final["attempts"] == 2 and final["samples_done"] == 3
 
@@ -498,39 +641,30 @@ async def test_sigterm_lets_running_tasks_finish_and_releases_the_rest(
         "shutdown_grace_s": 1.5,
         "engine_max_rows": 4,
     }
-    store = RedisStore(redis_settings)
-    async with (
-        processes() as procs,
-        LiveServer(redis_settings, workers=0) as live,
-        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
-    ):
-        try:
-            await store.start()
-            worker = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
-            short = (
-                await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 800]]", "mode": "fast"})
-            ).json()
-            long = (
-                await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 3500]]", "mode": "fast"})
-            ).json()
-            for t in (short, long):
-                await wait_event(store, t["id"], lambda e: e.data.get("status") == "running")
-            worker.send(signal.SIGTERM)
-            t0 = time.monotonic()
-            assert await worker.wait(20) == 0, worker.log()[-3000:]
-            assert time.monotonic() - t0 < options["shutdown_grace_s"] + 5
-            assert "worker stopping" in worker.log()
-            finished = (await c.get(f"/v1/tasks/{short['id']}")).json()
-            assert finished["status"] == "done" and finished["attempts"] == 1
-            released = (await c.get(f"/v1/tasks/{long['id']}")).json()
-            assert released["status"] not in TERMINAL_NAMES
-            t1 = time.monotonic()
-            await start_worker(procs, tmp_path, redis_settings, "wB", **options)
-            taken_over = await wait_for_task(c, long["id"], timeout_s=20)
-            assert time.monotonic() - t1 < options["lease_s"]  # released, not reclaimed
-            events = await events_of(store, long["id"])
-        finally:
-            await store.close()
+    async with api_over_redis(redis_settings) as (procs, c, store):
+        worker = await start_worker(procs, tmp_path, redis_settings, "wA", **options)
+        short = (
+            await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 800]]", "mode": "fast"})
+        ).json()
+        long = (
+            await c.post("/v1/tasks", json={"prompt": "[[sleep_ms: 3500]]", "mode": "fast"})
+        ).json()
+        for t in (short, long):
+            await wait_event(store, t["id"], lambda e: e.data.get("status") == "running")
+        worker.send(signal.SIGTERM)
+        t0 = time.monotonic()
+        assert await worker.wait(20) == 0, worker.log()[-3000:]
+        assert time.monotonic() - t0 < options["shutdown_grace_s"] + 5
+        assert "worker stopping" in worker.log()
+        finished = (await c.get(f"/v1/tasks/{short['id']}")).json()
+        assert finished["status"] == "done" and finished["attempts"] == 1
+        released = (await c.get(f"/v1/tasks/{long['id']}")).json()
+        assert released["status"] not in TERMINAL_NAMES
+        t1 = time.monotonic()
+        await start_worker(procs, tmp_path, redis_settings, "wB", **options)
+        taken_over = await wait_for_task(c, long["id"], timeout_s=20)
+        assert time.monotonic() - t1 < options["lease_s"]  # released, not reclaimed
+        events = await events_of(store, long["id"])
     assert taken_over["status"] == "done" and taken_over["attempts"] == 2
     assert sum(e.event == "result" for e in events) == 1
 

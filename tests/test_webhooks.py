@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
+from collections import Counter
 from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from typing import Any
 
 import httpx
@@ -14,8 +17,9 @@ import uvicorn
 
 from ponder import metrics
 from ponder.config import Settings
+from ponder.errors import StoreUnavailable
 from ponder.ids import IdGenerator
-from ponder.store import TaskStore, create_store
+from ponder.store import OutboxEntry, TaskStore, create_store
 from ponder.types import CallbackInfo, Delivery, Result, Task, TaskStatus, utcnow
 from ponder.webhooks import (
     WebhookSender,
@@ -28,7 +32,7 @@ from ponder.webhooks import (
     verify,
     webhook_id,
 )
-from tests.conftest import LiveServer, start_uvicorn
+from tests.conftest import LiveServer, start_uvicorn, until, wait_for_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -172,19 +176,21 @@ class Receiver:
     """An HTTP server on 127.0.0.1 that answers each webhook as scripted.
 
     ``script`` gives one action per request (the last repeats): a status code,
-    ``"hang"`` (answer only when the receiver stops) or ``"endless"`` (200 with a body
-    far over any read cap).
+    ``"hang"`` (answer only when the receiver stops), ``"slow"`` (200 after 0.2 s) or
+    ``"endless"`` (200 with a body far over any read cap). ``port`` 0 picks a free one.
     """
 
-    def __init__(self, script: list[int | str]) -> None:
+    def __init__(self, script: list[int | str], port: int = 0) -> None:
         self.script = script
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.arrived = asyncio.Queue[int]()
+        self.arrival_times: list[float] = []
+        self.concurrent = self.most_concurrent = 0
         self._release = asyncio.Event()
         config = uvicorn.Config(
             self.app,
             host="127.0.0.1",
-            port=0,
+            port=port,
             log_level="warning",
             lifespan="off",
             interface="asgi3",
@@ -197,6 +203,16 @@ class Receiver:
         self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
     ) -> None:
         assert scope["type"] == "http"
+        self.concurrent += 1
+        self.most_concurrent = max(self.most_concurrent, self.concurrent)
+        try:
+            await self._answer(scope, receive, send)
+        finally:
+            self.concurrent -= 1
+
+    async def _answer(
+        self, scope: dict[str, Any], receive: Callable[..., Any], send: Callable[..., Any]
+    ) -> None:
         body = b""
         while True:
             message = await receive()
@@ -205,10 +221,14 @@ class Receiver:
                 break
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.requests.append((headers, body))
+        self.arrival_times.append(time.monotonic())
         action = self.script[min(len(self.requests), len(self.script)) - 1]
         self.arrived.put_nowait(len(self.requests))
         if action == "hang":
             await self._release.wait()
+            action = 200
+        if action == "slow":
+            await asyncio.sleep(0.2)
             action = 200
         if action == "endless":
             await send({"type": "http.response.start", "status": 200, "headers": []})
@@ -262,12 +282,18 @@ async def store_for(settings: Settings) -> AsyncIterator[TaskStore]:
         await store.close()
 
 
-async def finished_task(store: TaskStore, url: str, status: TaskStatus = TaskStatus.done) -> Task:
-    """A task with a callback that has reached ``status`` (through running)."""
+async def finished_task(
+    store: TaskStore, url: str, status: TaskStatus = TaskStatus.done, *, preliminary: bool = False
+) -> Task:
+    """A task with a callback that has reached ``status`` (through running): its writes
+    put its webhooks in the outbox, as a worker's would."""
     task = Task(id=_ids.new_id(), prompt="x", samples_planned=1, callback=CallbackInfo(url=url))
     task, _ = await store.create_task(task, max_pending=100)
     task.status = TaskStatus.running
-    assert await store.update_task(task, [("status", {"status": "running"})])
+    events: list[tuple[str, dict[str, Any]]] = [("status", {"status": "running"})]
+    if preliminary:
+        events.append(("preliminary", {"answer": "41"}))
+    assert await store.update_task(task, events)
     task.status = status
     task.finished_at = utcnow()
     if status == TaskStatus.done:
@@ -277,14 +303,35 @@ async def finished_task(store: TaskStore, url: str, status: TaskStatus = TaskSta
     return task
 
 
-def delivery(task: Task, event: str) -> Delivery:
-    assert task.callback is not None
+@asynccontextmanager
+async def sending(store: TaskStore, settings: Settings) -> AsyncIterator[WebhookSender]:
+    """A delivery loop over ``store``, closed at the end."""
+    sender = WebhookSender(store, settings)
+    await sender.start()
+    try:
+        yield sender
+    finally:
+        await sender.close()
+
+
+async def outbox_drained(store: TaskStore, timeout_s: float = 10) -> None:
+    """Until the outbox is empty: every delivery ended."""
+
+    async def empty() -> bool:
+        return await store.outbox_depth() == 0
+
+    await until(empty, timeout_s, "the outbox to drain", interval_s=0.02)
+
+
+async def delivery(store: TaskStore, task_id: str, event: str) -> Delivery:
+    task = await store.get_task(task_id)
+    assert task is not None and task.callback is not None
     (found,) = [d for d in task.callback.deliveries if d.event == event]
     return found
 
 
 def outcomes() -> dict[str, float]:
-    names = ("delivered", "failed", "gone", "exhausted", "refused", "unconfigured")
+    names = ("delivered", "failed", "gone", "exhausted", "refused", "unconfigured", "superseded")
     return {
         n: metrics.REGISTRY.get_sample_value("ponder_webhook_deliveries_total", {"outcome": n}) or 0
         for n in names
@@ -300,11 +347,8 @@ async def test_fails_twice_then_succeeds(settings: Settings, store_for: TaskStor
     before = outcomes()
     async with Receiver([500, 503, 200]) as receiver:
         task = await finished_task(store_for, receiver.url)
-        sender = WebhookSender(store_for, sender_settings(settings))
-        try:
-            await sender.deliver(task.id, "task.completed")
-        finally:
-            await sender.close()
+        async with sending(store_for, sender_settings(settings)):
+            await outbox_drained(store_for)
     assert len(receiver.requests) == 3
     assert receiver.ids() == {webhook_id(task.id, "task.completed")}
     for headers, body in receiver.requests:
@@ -316,7 +360,7 @@ async def test_fails_twice_then_succeeds(settings: Settings, store_for: TaskStor
         assert headers["content-type"] == "application/json"
     stored = await store_for.get_task(task.id)
     assert stored is not None and stored.status == TaskStatus.done
-    record = delivery(stored, "task.completed")
+    record = await delivery(store_for, task.id, "task.completed")
     assert (record.attempts, record.status_code, record.delivered, record.error) == (
         3,
         200,
@@ -325,26 +369,17 @@ async def test_fails_twice_then_succeeds(settings: Settings, store_for: TaskStor
     )
     assert record.webhook_id == webhook_id(task.id, "task.completed")
     assert delta(before) == {"failed": 2, "delivered": 1}
-    # delivered: a second call sends nothing more
-    async with Receiver([200]) as again:
-        sender = WebhookSender(store_for, sender_settings(settings))
-        await sender.deliver(task.id, "task.completed")
-        await sender.close()
-    assert again.requests == []
+    assert await store_for.outbox_depth() == 0  # recording the attempts queued nothing more
 
 
 async def test_410_stops_retrying(settings: Settings, store_for: TaskStore) -> None:
     before = outcomes()
     async with Receiver([410, 200]) as receiver:
         task = await finished_task(store_for, receiver.url, TaskStatus.failed)
-        sender = WebhookSender(store_for, sender_settings(settings))
-        await sender.deliver(task.id, "task.failed")
-        await sender.deliver(task.id, "task.failed")  # a call after a 410 sends nothing
-        await sender.close()
+        async with sending(store_for, sender_settings(settings)):
+            await outbox_drained(store_for)
     assert len(receiver.requests) == 1
-    stored = await store_for.get_task(task.id)
-    assert stored is not None
-    record = delivery(stored, "task.failed")
+    record = await delivery(store_for, task.id, "task.failed")
     assert (record.attempts, record.status_code, record.delivered) == (1, 410, False)
     assert delta(before) == {"gone": 1}
 
@@ -354,13 +389,10 @@ async def test_exhausted_schedule_and_timeouts(settings: Settings, store_for: Ta
     async with Receiver(["hang", 500]) as receiver:
         task = await finished_task(store_for, receiver.url, TaskStatus.cancelled)
         config = sender_settings(settings, webhook_retry_s=[0.01, 0.02], webhook_timeout_s=0.3)
-        sender = WebhookSender(store_for, config)
-        await sender.deliver(task.id, "task.cancelled")
-        await sender.close()
+        async with sending(store_for, config):
+            await outbox_drained(store_for)
     assert len(receiver.requests) == 3  # 1 + 2 retries, the first one timed out
-    stored = await store_for.get_task(task.id)
-    assert stored is not None
-    record = delivery(stored, "task.cancelled")
+    record = await delivery(store_for, task.id, "task.cancelled")
     assert (record.attempts, record.status_code, record.delivered) == (3, 500, False)
     assert record.error is not None and record.error.startswith("HTTP 500")
     assert delta(before) == {"failed": 2, "exhausted": 1}
@@ -370,59 +402,78 @@ async def test_no_retries_when_the_schedule_is_empty(
     settings: Settings, store_for: TaskStore
 ) -> None:
     async with Receiver([500]) as receiver:
-        task = await finished_task(store_for, receiver.url)
-        sender = WebhookSender(store_for, sender_settings(settings, webhook_retry_s=[]))
-        await sender.deliver(task.id, "task.completed")
-        await sender.close()
+        await finished_task(store_for, receiver.url)
+        async with sending(store_for, sender_settings(settings, webhook_retry_s=[])):
+            await outbox_drained(store_for)
     assert len(receiver.requests) == 1
 
 
 async def test_reads_back_no_more_than_the_cap(settings: Settings, store_for: TaskStore) -> None:
     async with Receiver(["endless"]) as receiver:
         task = await finished_task(store_for, receiver.url)
-        sender = WebhookSender(
-            store_for, sender_settings(settings, webhook_max_response_bytes=1024)
-        )
-        await sender.deliver(task.id, "task.completed")
-        await sender.close()
-    stored = await store_for.get_task(task.id)
-    assert stored is not None
-    assert delivery(stored, "task.completed").delivered
+        config = sender_settings(settings, webhook_max_response_bytes=1024)
+        async with sending(store_for, config):
+            await outbox_drained(store_for)
+    assert (await delivery(store_for, task.id, "task.completed")).delivered
 
 
-async def test_resumes_after_a_crash_with_the_same_id(
-    settings: Settings, store_for: TaskStore, monkeypatch: pytest.MonkeyPatch
+async def test_the_schedule_is_kept_across_a_restart(
+    settings: Settings, store_for: TaskStore
 ) -> None:
-    """A worker dies between attempts; the next one resumes from the recorded count."""
-    recorded = asyncio.Event()
-    real_update = store_for.update_task
-
-    async def update_task(task: Task, events: Any = ()) -> bool:
-        written = await real_update(task, events)
-        if written and task.callback and any(d.attempts for d in task.callback.deliveries):
-            recorded.set()
-        return written
-
-    monkeypatch.setattr(store_for, "update_task", update_task)
+    """The next attempt's time is stored: a new delivery loop waits for it."""
     async with Receiver([500, 200]) as receiver:
         task = await finished_task(store_for, receiver.url)
-        first = WebhookSender(store_for, sender_settings(settings, webhook_retry_s=[3600, 0.01]))
-        job = asyncio.create_task(first.deliver(task.id, "task.completed"))
-        # the first attempt is recorded, then the sender waits an hour to retry...
-        await asyncio.wait_for(recorded.wait(), 10)
-        job.cancel()  # ...and its worker dies
-        with pytest.raises(asyncio.CancelledError):
-            await job
-        await first.close()
-        second = WebhookSender(store_for, sender_settings(settings, webhook_retry_s=[3600, 0.01]))
-        await second.deliver(task.id, "task.completed")  # no hour-long wait: resumes at once
-        await second.close()
-    assert len(receiver.requests) == 2
+        config = sender_settings(settings, webhook_retry_s=[1.0])
+        async with sending(store_for, config):
+            await asyncio.wait_for(receiver.arrived.get(), 10)
+
+            async def recorded() -> bool:
+                stored = await store_for.get_task(task.id)
+                return (
+                    stored is not None
+                    and stored.callback is not None
+                    and any(d.attempts for d in stored.callback.deliveries)
+                )
+
+            await until(recorded, 10, "the failed attempt's record")
+        async with sending(store_for, config):  # another process, or this one restarted
+            await outbox_drained(store_for)
     assert receiver.ids() == {webhook_id(task.id, "task.completed")}
-    stored = await store_for.get_task(task.id)
-    assert stored is not None
-    record = delivery(stored, "task.completed")
-    assert (record.attempts, record.status_code, record.delivered) == (2, 200, True)
+    first, second = receiver.arrival_times
+    assert second - first >= 0.8 * 1.0 - 0.05  # the retry kept its delay (±20% jitter)
+    record = await delivery(store_for, task.id, "task.completed")
+    assert (record.attempts, record.delivered) == (2, True)
+
+
+async def test_a_loop_that_dies_mid_attempt_is_taken_over(settings: Settings) -> None:
+    """Its lease lapses, another loop sends the entry again with the same webhook-id."""
+    config = sender_settings(settings, webhook_timeout_s=0.5, store_timeout_s=0.2)
+    stores = [create_store(config), create_store(config)]
+    for store in stores:
+        await store.start()
+    doomed = WebhookSender(stores[0], config.model_copy(update={"shutdown_grace_s": 0}))
+    try:
+        async with Receiver(["hang", 200]) as receiver:
+            task = await finished_task(stores[1], receiver.url)
+            await doomed.start()
+            await asyncio.wait_for(receiver.arrived.get(), 10)
+
+            async def dead(*_: object) -> bool:
+                raise StoreUnavailable("the process is gone")
+
+            stores[0].retry_delivery = dead  # type: ignore[method-assign]
+            await doomed.close()  # it cannot hand the entry back: a crash
+            async with sending(stores[1], config) as survivor:
+                started = time.monotonic()
+                await outbox_drained(stores[1])
+        assert time.monotonic() - started >= survivor.lease_s - 1.0  # waited out the lease
+        assert len(receiver.requests) == 2
+        assert receiver.ids() == {webhook_id(task.id, "task.completed")}
+        record = await delivery(stores[1], task.id, "task.completed")
+        assert (record.attempts, record.delivered) == (1, True)  # the hung one never ended
+    finally:
+        for store in stores:
+            await store.close()
 
 
 async def test_refused_and_unconfigured_deliveries_send_nothing(
@@ -431,36 +482,27 @@ async def test_refused_and_unconfigured_deliveries_send_nothing(
     before = outcomes()
     async with Receiver([200]) as receiver:
         task = await finished_task(store_for, receiver.url)
-        guarded = WebhookSender(store_for, sender_settings(settings, callback_allow_private=False))
-        await guarded.deliver(task.id, "task.completed")
-        await guarded.close()
+        async with sending(store_for, sender_settings(settings, callback_allow_private=False)):
+            await outbox_drained(store_for)
         other = await finished_task(store_for, receiver.url)
-        unsigned = WebhookSender(store_for, sender_settings(settings, webhook_secret=None))
-        await unsigned.deliver(other.id, "task.completed")
-        await unsigned.close()
+        async with sending(store_for, sender_settings(settings, webhook_secret=None)):
+            await outbox_drained(store_for)
     assert receiver.requests == []
-    stored = await store_for.get_task(task.id)
-    assert stored is not None
-    record = delivery(stored, "task.completed")
+    record = await delivery(store_for, task.id, "task.completed")
     assert record.attempts == 0 and not record.delivered
     assert record.error is not None and "loopback" in record.error
-    stored = await store_for.get_task(other.id)
-    assert stored is not None
-    assert "secret" in (delivery(stored, "task.completed").error or "")
+    assert "secret" in ((await delivery(store_for, other.id, "task.completed")).error or "")
     assert delta(before) == {"refused": 1, "unconfigured": 1}
 
 
-async def test_concurrent_writers_keep_every_record(
+async def test_preliminary_and_terminal_events_keep_both_records(
     settings: Settings, store_for: TaskStore
 ) -> None:
-    """Two events delivered at once: both records survive the compare-and-set races."""
+    """Two events sent at once: both records survive the compare-and-set races."""
     async with Receiver([200]) as receiver:
-        task = await finished_task(store_for, receiver.url)
-        sender = WebhookSender(store_for, sender_settings(settings))
-        await asyncio.gather(
-            sender.deliver(task.id, "task.preliminary"), sender.deliver(task.id, "task.completed")
-        )
-        await sender.close()
+        task = await finished_task(store_for, receiver.url, preliminary=True)
+        async with sending(store_for, sender_settings(settings)):
+            await outbox_drained(store_for)
     stored = await store_for.get_task(task.id)
     assert stored is not None and stored.callback is not None
     assert {d.event: d.delivered for d in stored.callback.deliveries} == {
@@ -470,33 +512,57 @@ async def test_concurrent_writers_keep_every_record(
     assert len(receiver.ids()) == 2
 
 
-async def test_terminal_events_wait_for_a_terminal_task(
+async def test_a_preliminary_not_sent_before_the_end_is_superseded(
     settings: Settings, store_for: TaskStore
 ) -> None:
+    before = outcomes()
+    async with Receiver([500, 200]) as receiver:
+        task = await finished_task(store_for, receiver.url, TaskStatus.failed, preliminary=True)
+        async with sending(store_for, sender_settings(settings, webhook_max_per_host=1)):
+            await outbox_drained(store_for)
+    record = await delivery(store_for, task.id, "task.preliminary")
+    failed = await delivery(store_for, task.id, "task.failed")
+    # one of the two failed first; a preliminary is not retried once the task has ended
+    assert (record.error or "").startswith("gave up") or failed.attempts == 2
+    assert sum(delta(before).values()) == len(receiver.requests) + ("superseded" in delta(before))
+
+
+async def test_a_ready_body_is_sent_as_given_with_its_own_secret(
+    settings: Settings, store_for: TaskStore
+) -> None:
+    """The generic row (as the OpenAI-shaped webhooks use it): body and secret of its own."""
+    own = generate_secret()
+    body = {"object": "event", "id": "evt_1", "type": "batch.completed", "data": {"id": "b1"}}
     async with Receiver([200]) as receiver:
-        task = Task(id=_ids.new_id(), prompt="x", callback=CallbackInfo(url=receiver.url))
-        task, _ = await store_for.create_task(task, max_pending=100)
-        sender = WebhookSender(store_for, sender_settings(settings))
-        await sender.deliver(task.id, "task.completed")  # still pending: nothing to say
-        await sender.close()
-    assert receiver.requests == []
-    stored = await store_for.get_task(task.id)
-    assert stored is not None and stored.callback is not None
-    assert stored.callback.deliveries == [] and stored.rev == task.rev  # nothing written
+        await store_for.enqueue_deliveries(
+            [
+                OutboxEntry(
+                    webhook_id="evt_1", event="batch.completed", url=receiver.url,
+                    body=body, secret=own,
+                ),
+                # a task that is gone (expired): dropped, nothing sent
+                OutboxEntry(
+                    webhook_id="msg_gone", event="task.completed", url=receiver.url,
+                    task_id="1764412800123-nope-1",
+                ),
+            ]
+        )  # fmt: skip
+        async with sending(store_for, sender_settings(settings)):
+            await outbox_drained(store_for)
+    ((headers, raw),) = receiver.requests
+    assert verify(headers, raw, own) == body and headers["webhook-id"] == "evt_1"
+    with pytest.raises(WebhookVerificationError):
+        verify(headers, raw, SECRET)
 
 
-async def test_tasks_without_callback_and_unknown_events(
-    settings: Settings, store_for: TaskStore
-) -> None:
-    task, _ = await store_for.create_task(Task(id=_ids.new_id(), prompt="x"), max_pending=100)
-    sender = WebhookSender(store_for, sender_settings(settings))
-    await sender.deliver(task.id, "task.completed")  # nothing to do
-    await sender.deliver("1764412800123-nope-1", "task.completed")  # unknown task
-    with pytest.raises(ValueError, match="unknown webhook event"):
-        await sender.deliver(task.id, "task.exploded")
-    await sender.close()
-    stored = await store_for.get_task(task.id)
-    assert stored is not None and stored.callback is None
+async def test_attempts_are_bounded_per_host(settings: Settings, store_for: TaskStore) -> None:
+    async with Receiver(["slow"]) as receiver:
+        tasks = [await finished_task(store_for, receiver.url) for _ in range(6)]
+        config = sender_settings(settings, webhook_max_per_host=2)
+        async with sending(store_for, config):
+            await outbox_drained(store_for)
+    assert receiver.ids() == {webhook_id(t.id, "task.completed") for t in tasks}
+    assert receiver.most_concurrent == 2
 
 
 # --- through the whole service --------------------------------------------------------
@@ -589,3 +655,75 @@ async def test_preliminary_webhook_through_the_service(settings: Settings) -> No
     assert payloads[0]["data"]["preliminary"]["answer"] == "5"
     assert done["status"] == "done"
     assert done["attempts"] == 1  # started once: the webhook's record did not abandon the run
+
+
+OUTAGE_S = 120.0
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(OUTAGE_S + 120)
+async def test_a_dead_receiver_holds_no_worker_and_loses_no_event(redis_settings: Settings) -> None:
+    """50 tasks with callbacks while the receiver is down for 2 minutes (a short retry
+    schedule, the same scenario): every queue entry is acknowledged when its task ends,
+    new tasks are claimed at the normal pace meanwhile, and once the receiver is back
+    every event arrives exactly once per webhook-id."""
+    from tests.test_reliability import free_port
+
+    port = free_port()  # nothing listens there: the receiver is down
+    url = f"http://127.0.0.1:{port}/hooks/ponder"
+    config = sender_settings(
+        redis_settings, webhook_retry_s=[1, 2, 4, *([8] * 17)], worker_max_tasks=32
+    )
+    fast = {"mode": "fast"}
+    async with (
+        LiveServer(config, workers=1) as live,
+        httpx.AsyncClient(base_url=live.url, timeout=30) as c,
+    ):
+
+        async def probe() -> float:
+            """Seconds from submit to end of a task without callback."""
+            t0 = time.monotonic()
+            task = (await c.post("/v1/tasks", json={"prompt": "probe", **fast})).json()
+            assert (await wait_for_task(c, task["id"]))["status"] == "done"
+            return time.monotonic() - t0
+
+        before = [await probe() for _ in range(3)]
+        down_at = time.monotonic()
+        body = {"prompt": "[[answers: 1]]", "callback_url": url, **fast}
+        ids = [(await c.post("/v1/tasks", json=body)).json()["id"] for _ in range(50)]
+        for task_id in ids:
+            assert (await wait_for_task(c, task_id, timeout_s=30))["status"] == "done"
+        assert await pending_queue_entries(config) == 0  # no claim is held for a webhook
+        during = []
+        while time.monotonic() - down_at < OUTAGE_S:
+            during.append(await probe())
+            await asyncio.sleep(3)
+        outbox = (await c.get("/metrics")).text
+        assert "ponder_webhook_outbox_depth 50.0" in outbox  # all still waiting
+        async with Receiver([200], port=port) as receiver:
+            store = live.app.state.ponder.store
+            await outbox_drained(store, timeout_s=60)
+        records = [(await c.get(f"/v1/tasks/{i}")).json()["callback"]["deliveries"] for i in ids]
+    print(f"submit-to-done before {max(before):.2f} s, during the outage max {max(during):.2f} s")
+    assert max(during) < max(2.0, 4 * max(before)), (before, during)
+    arrived = Counter(headers["webhook-id"] for headers, _ in receiver.requests)
+    assert arrived == {webhook_id(i, "task.completed"): 1 for i in ids}
+    for (record,) in records:
+        assert record["delivered"] and record["status_code"] == 200
+        assert record["attempts"] > 5  # it kept trying through the outage
+
+
+async def pending_queue_entries(settings: Settings) -> int:
+    """Queue entries claimed and not yet acknowledged, over every priority level."""
+    import redis.asyncio as aioredis
+
+    assert settings.redis_url
+    raw = aioredis.Redis.from_url(settings.redis_url, decode_responses=True)
+    try:
+        counts = [
+            (await raw.xpending(f"{settings.key_prefix}:q:{p}", "workers"))["pending"]
+            for p in range(6)
+        ]
+    finally:
+        await raw.aclose()
+    return sum(counts)

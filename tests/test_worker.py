@@ -334,6 +334,21 @@ async def test_reclaimed_task_reruns_only_missing_samples(make_harness: Callable
     assert sorted(r.sample_index for r in h.engine.requests) == [1, 2]
 
 
+async def test_a_dead_workers_tasks_go_before_new_ones(make_harness: Callable[..., Any]) -> None:
+    """A busy worker frees one slot at a time: while a takeover has filled every free
+    slot, the next ones go to the rest of it, not to new entries."""
+    h: Harness = await make_harness(worker_max_tasks=2)
+    orphans = [await h.submit(f"orphan {i} [[sleep_ms: 100]]", mode="fast") for i in range(6)]
+    for _ in orphans:  # claimed by a worker that died before it started them
+        assert await h.store.claim("dead-worker", [0, 1, 2, 3, 4, 5], 0) is not None
+    fresh = [await h.submit(f"new {i} [[sleep_ms: 100]]", mode="fast") for i in range(4)]
+    h.start_worker()
+    for t in orphans + fresh:
+        assert (await h.wait(t.id)).status == TaskStatus.done
+    order = [r.task_id for r in h.engine.requests]
+    assert set(order[:6]) == {t.id for t in orphans}, order
+
+
 async def test_too_many_attempts_fails(make_harness: Callable[..., Any]) -> None:
     h: Harness = await make_harness(max_deliveries=2)
     task = await h.submit("[[answers: 1]]", mode="fast")

@@ -26,7 +26,9 @@ within ``PONDER_LEASE_S`` of a crash), so no two processes feed one batch. Each 
    ``completion_window`` passed: its lines in flight are cancelled). Finished lines are
    always kept; lines that never ran are in the error file as ``batch_cancelled`` /
    ``batch_expired``;
-5. sends the webhooks of ended background responses and batches (``EventOutbox``).
+5. queues the webhooks of ended background responses and batches in the store's outbox
+   (:func:`~ponder.openai_events.enqueue_event`; every worker process's delivery loop
+   sends them).
 """
 
 from __future__ import annotations
@@ -61,11 +63,10 @@ from ponder.config import Settings
 from ponder.errors import RecoverableError
 from ponder.files import FileStore, file_id_of
 from ponder.ids import IdGenerator
-from ponder.openai_events import BATCH_EVENTS, RESPONSE_EVENTS, EventOutbox, enqueue_event
+from ponder.openai_events import BATCH_EVENTS, RESPONSE_EVENTS, enqueue_event
 from ponder.states import is_terminal
 from ponder.store.base import StoredObject, TaskStore
 from ponder.types import Task, TaskStatus
-from ponder.webhooks import WebhookSender
 
 __all__ = ["LEASE", "BatchFeeder"]
 
@@ -89,20 +90,17 @@ class _Sink:
 
 
 class BatchFeeder:
-    """Feeds batches, ends them, and sends the OpenAI-shaped webhooks (module docstring).
+    """Feeds batches, ends them, and queues the OpenAI-shaped webhooks (module docstring).
 
     The owner runs :meth:`run` as a task and calls :meth:`stop`; ``run`` returns after
-    the current tick, cancels the webhook deliveries in flight and gives the lease up.
+    the current tick and gives the lease up.
     """
 
-    def __init__(
-        self, store: TaskStore, settings: Settings, webhooks: WebhookSender, *, holder: str
-    ) -> None:
+    def __init__(self, store: TaskStore, settings: Settings, *, holder: str) -> None:
         self.store = store
         self.settings = settings
         self.holder = holder
         self.files = FileStore(store, settings)
-        self.outbox = EventOutbox(store, settings, webhooks)
         # a node of its own: ids made here never collide with the API's in this process
         self._sink = _Sink(settings, store, IdGenerator(f"{settings.node_id}.batch"))
         self._lines: dict[str, list[BatchLine]] = {}  # input lines of the batches being fed
@@ -129,7 +127,6 @@ class BatchFeeder:
                 with contextlib.suppress(TimeoutError):
                     await asyncio.wait_for(self._stopping.wait(), delay_s)
         finally:
-            await self.outbox.close()
             with contextlib.suppress(RecoverableError):
                 await self.store.release_lease(LEASE, self.holder)
 
@@ -140,7 +137,6 @@ class BatchFeeder:
             return
         await self._feed()
         await self._watch_responses()
-        await self.outbox.send_due()
         if time.monotonic() - self._swept_at > _SWEEP_EVERY_S:
             self._swept_at = time.monotonic()
             await self.files.sweep()
@@ -431,7 +427,6 @@ class BatchFeeder:
         if url is not None:
             await enqueue_event(
                 self.store,
-                self.settings,
                 url=url,
                 event_type=BATCH_EVENTS[ending],
                 object_id=obj.id,
@@ -456,7 +451,6 @@ class BatchFeeder:
             if task is not None and obj.data.get("webhook_url"):
                 await enqueue_event(
                     self.store,
-                    self.settings,
                     url=obj.data["webhook_url"],
                     event_type=RESPONSE_EVENTS[task.status],
                     object_id=response_id,

@@ -10,7 +10,7 @@ import os
 import secrets
 import signal
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -19,10 +19,11 @@ from rich.columns import Columns
 from rich.console import Console, RenderableType
 from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
+from rich.text import Text
 
 from ponder.config import Mode, Settings, load_settings
 from ponder.errors import ConfigError
-from ponder.types import Result, SampleStatus, Task, TaskStatus
+from ponder.types import Result, Sample, SampleStatus, Task, TaskStatus
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -37,7 +38,7 @@ keys_app = typer.Typer(help="API keys.", no_args_is_help=True)
 app.add_typer(keys_app, name="keys")
 
 console = Console()
-err_console = Console(stderr=True)
+err_console = Console(stderr=True, soft_wrap=True)  # a message stays one line, never wrapped
 
 EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE = 0, 1, 2
 _DEFAULT_URL = "http://127.0.0.1:8000"
@@ -63,24 +64,33 @@ def _serve_http(settings: Settings, workers: int) -> None:
     import uvicorn
 
     from ponder.api import create_app
+    from ponder.store import create_store
 
     if not settings.api_keys:
         err_console.print(
             "[yellow]auth is off[/yellow] (PONDER_API_KEYS unset): anyone who can reach "
             f"{settings.host}:{settings.port} can submit and read tasks"
         )
-    store = f"Redis at {settings.redis_url}" if settings.redis_url else settings.sqlite_path
+    store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{settings.host}:{settings.port} — store: {store}; "
         f"engine: {settings.engine if workers else '(none: api only)'}"
     )
-    uvicorn.run(
-        create_app(settings, workers=workers),
-        host=settings.host,
-        port=settings.port,
-        log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
-        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
-    )
+    application = create_app(settings, workers=workers)
+    try:
+        uvicorn.run(
+            application,
+            host=settings.host,
+            port=settings.port,
+            log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
+            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+        )
+    except SystemExit:  # uvicorn's exit when the start-up failed
+        error = getattr(application.state, "startup_error", None)
+        if error is None:
+            raise
+        err_console.print(f"[red]error:[/red] {error}")
+        raise typer.Exit(EXIT_USAGE) from None
 
 
 @app.command()
@@ -114,10 +124,23 @@ def api(
 @app.command()
 def worker(
     workers: Annotated[int, typer.Option(min=1, help="worker loops in this process")] = 1,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            show_default=False,
+            help="serve this process's Prometheus metrics on this port, at /metrics "
+            "(bound to PONDER_HOST) [PONDER_METRICS_PORT]",
+        ),
+    ] = None,
 ) -> None:
-    """A worker process: claims tasks from Redis and runs them through the engine."""
+    """A worker process: claims tasks from Redis and runs them through the engine.
+
+    Waits for Redis at start-up (one line per attempt) and rides out Redis outages.
+    """
     _logging()
-    settings = _settings()
+    settings = _settings(metrics_port=metrics_port)
     if not settings.redis_url:
         err_console.print(
             "[red]error:[/red] `ponder worker` needs PONDER_REDIS_URL; "
@@ -131,18 +154,51 @@ def worker(
         raise typer.Exit(EXIT_USAGE) from e
 
 
+def _serve_metrics(settings: Settings) -> Callable[[], None] | None:
+    """Serve the process's Prometheus registry on ``metrics_port`` (a thread of
+    prometheus_client's own); return the function that stops it."""
+    if settings.metrics_port is None:
+        return None
+    from prometheus_client import start_http_server
+
+    from ponder import metrics
+
+    address = f"{settings.host}:{settings.metrics_port}"
+    try:
+        server, thread = start_http_server(
+            settings.metrics_port, addr=settings.host, registry=metrics.REGISTRY
+        )
+    except OSError as e:
+        raise ConfigError(
+            f"cannot serve metrics on {address} ({e.strerror or e}); set PONDER_METRICS_PORT "
+            "(or --metrics-port) to a free port, or PONDER_HOST to an address of this machine"
+        ) from e
+    err_console.print(f"metrics on http://{address}/metrics")
+
+    def stop() -> None:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+    return stop
+
+
 async def _run_worker(settings: Settings, workers: int) -> None:
     from ponder.runtime import WorkerRuntime
-    from ponder.store import create_store
+    from ponder.store import create_store, start_store
 
-    store = create_store(settings)
-    await store.start()
-    runtime = WorkerRuntime(settings, store, workers=workers)
     loop = asyncio.get_running_loop()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
+    store = create_store(settings)
+    stop_metrics = _serve_metrics(settings)
+    runtime: WorkerRuntime | None = None
     try:
+        if not await start_store(store, stop=stop):
+            err_console.print("worker stopping: the store never answered")
+            return
+        runtime = WorkerRuntime(settings, store, workers=workers)
         await runtime.start()
         err_console.print(f"worker {settings.node_id} running ({workers} loop(s))")
         waiter = asyncio.create_task(runtime.wait())
@@ -153,8 +209,11 @@ async def _run_worker(settings: Settings, workers: int) -> None:
             waiter.result()
         err_console.print("worker stopping: finishing running tasks")
     finally:
-        await runtime.stop()
+        if runtime is not None:
+            await runtime.stop()
         await store.close()
+        if stop_metrics is not None:
+            stop_metrics()
 
 
 # --- using a service ------------------------------------------------------------------
@@ -192,6 +251,9 @@ def _service(url: str, api_key: str | None) -> Iterator[Client]:
     except WaitTimeout as e:
         err_console.print(f"[red]timed out[/red]: {e}; the task goes on")
         raise typer.Exit(EXIT_TASK_FAILED) from e
+    except ConfigError as e:  # a malformed PONDER_URL / PONDER_API_KEY
+        err_console.print(f"[red]error:[/red] {e}")
+        raise typer.Exit(EXIT_USAGE) from e
 
 
 def _print_json(data: Any) -> None:
@@ -231,21 +293,31 @@ def _print_task(task: Task) -> None:
 
 class TaskProgress:
     """The live view of a running task, built from its events: samples finished out of
-    planned, the vote so far and the preliminary answer."""
+    planned, the vote so far, the preliminary answer, and one line per sample whose text
+    grows as the model writes it (``delta`` events), then shows its answer."""
 
-    def __init__(self, task: Task) -> None:
+    def __init__(self, task: Task, width: int = 100) -> None:
         self.task_id = task.id
         self.status = task.status.value
         self.planned = task.samples_planned
         self.finished = 0
         self.votes: Counter[str] = Counter()
         self.preliminary: Result | None = None
+        #: each sample's text so far, and the mark of its state
+        self.texts: dict[int, str] = {}
+        self.marks: dict[int, str] = {}
+        self.width = width
 
     def apply(self, event: TaskEvent) -> None:
         if event.status is not None:
             self.status = event.status.value
+        if (delta := event.delta) is not None:
+            self.texts[delta.index] = delta.apply(self.texts.get(delta.index, ""))
+            self.marks.setdefault(delta.index, _WRITING)
         if (sample := event.sample) is not None:
             self.finished += 1
+            self.texts[sample.index] = sample.text or self.texts.get(sample.index, "")
+            self.marks[sample.index] = _sample_mark(sample)
             if sample.status == SampleStatus.done and sample.answer is not None:
                 self.votes[sample.answer] += 1
         if (preliminary := event.result) is not None:
@@ -268,7 +340,29 @@ class TaskProgress:
                 f"[bold]{self.preliminary.answer}[/bold] "
                 f"(confidence {self.preliminary.confidence:.2f})",
             )
+        room = max(20, self.width - 16)  # the label column and the padding
+        for index in sorted(self.texts):
+            mark = self.marks.get(index, _WRITING)
+            line = Text(f"{mark} ", style="dim" if mark == _WRITING else "bold", no_wrap=True)
+            line.append(_tail(self.texts[index], room - len(mark) - 1), style="default")
+            grid.add_row(f"#{index}", line)
         return grid
+
+
+_WRITING = "▸"
+
+
+def _sample_mark(sample: Sample) -> str:
+    """A finished sample's state in the live view: its answer, or why it has none."""
+    if sample.status == SampleStatus.done:
+        return f"= {sample.answer}" if sample.answer is not None else "= (no answer)"
+    return sample.status.value
+
+
+def _tail(text: str, width: int) -> str:
+    """The end of ``text`` on one line of ``width`` characters (the end is what grows)."""
+    flat = " ".join(text.split())
+    return flat if len(flat) <= width else "…" + flat[-(width - 1) :]
 
 
 def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task:
@@ -277,7 +371,7 @@ def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task
         return client.wait(task.id, timeout=timeout_s)
     from rich.live import Live
 
-    progress = TaskProgress(task)
+    progress = TaskProgress(task, width=err_console.width)
     with Live(progress.render(), console=err_console, transient=True) as view:
         for event in client.events(task.id, timeout=timeout_s):
             progress.apply(event)
@@ -325,6 +419,8 @@ def _event_line(event: TaskEvent) -> str:
             detail += f" answer={sample.answer}"
         if sample.error is not None:
             detail += f" ({sample.error.code}: {sample.error.message})"
+    elif (delta := event.delta) is not None:
+        detail = f"#{delta.index} @{delta.offset} {delta.text!r}"
     elif (result := event.result) is not None:
         detail = f"answer={result.answer} confidence={result.confidence:.2f}"
     elif event.event == "result":
@@ -341,13 +437,17 @@ def events(
     last_event_id: Annotated[str | None, typer.Option(help="start after this event id")] = None,
     timeout: Annotated[float, typer.Option(min=0.1, help="seconds to follow at most")] = 3600,
     as_json: Annotated[bool, typer.Option("--json", help="one JSON object per line")] = False,
+    deltas: Annotated[
+        bool, typer.Option("--deltas", help="also the `delta` events (text as it is written)")
+    ] = False,
     url: UrlOption = _DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
     """Follow a task's events until it ends (exit code as for `submit --wait`)."""
     final: str | None = None
     with _service(url, api_key) as client:
-        for event in client.events(task_id, last_event_id=last_event_id, timeout=timeout):
+        follow = client.events(task_id, last_event_id=last_event_id, timeout=timeout, deltas=deltas)
+        for event in follow:
             if as_json:
                 print(json.dumps({"id": event.id, "event": event.event, "data": event.data}))
             else:

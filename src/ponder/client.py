@@ -7,13 +7,17 @@
     with Client("http://127.0.0.1:8000") as client:      # PONDER_API_KEY is read if set
         task = client.submit("What is 17 * 24?", mode="deep")
         for event in client.events(task.id):              # SSE, resumed after a drop
-            print(event.event, event.data)
+            print(event.event, event.data)                # `delta`: text as it is written
         done = client.wait(task.id, timeout=60)           # event-driven, no polling
         print(done.result.answer if done.result else done.error)
 
 Every method returns typed models (:class:`~ponder.types.Task`, :class:`TaskPage`,
 :class:`TaskEvent`). A non-2xx answer raises the :class:`APIError` subclass of its
-API error code (``e.code``: ``not_found``, ``queue_full``, …). ``queue_full``,
+API error code (``e.code``: ``not_found``, ``queue_full``, …). ``submit`` checks its
+request as the API does (the same model: no coercion, no NaN, no blank prompt) and
+raises :class:`InvalidRequestError` before sending anything. A base URL that is not
+http(s) or an API key that cannot be sent in a header is a
+:class:`~ponder.errors.ConfigError` when the client is made. ``queue_full``,
 ``rate_limited`` and ``unavailable`` answers and connection failures are retried up to
 ``max_retries`` times, waiting what ``Retry-After`` says (at most ``max_retry_wait_s``)
 or an exponential backoff with jitter; submits carry an ``Idempotency-Key`` so a retry
@@ -34,9 +38,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from ponder import __version__
-from ponder.errors import PonderError
+from ponder.api.schemas import TaskCreate, describe_errors
+from ponder.errors import ConfigError, PonderError
 from ponder.types import Result, Sample, Task, TaskStatus
 
 __all__ = [
@@ -54,6 +60,7 @@ __all__ = [
     "RateLimitError",
     "TaskEvent",
     "TaskPage",
+    "TextDelta",
     "TooLargeError",
     "UnavailableError",
     "WaitTimeout",
@@ -182,8 +189,23 @@ def error_from_response(response: httpx.Response) -> APIError:
 
 # --- models ---------------------------------------------------------------------------
 @dataclass(frozen=True)
+class TextDelta:
+    """New text of a running sample: ``text`` goes at character ``offset`` of sample
+    ``index``'s text (a sample rerun from its start begins again at offset 0)."""
+
+    index: int
+    offset: int
+    text: str
+
+    def apply(self, text_so_far: str) -> str:
+        """The sample's text with this piece in place."""
+        return text_so_far[: self.offset] + self.text
+
+
+@dataclass(frozen=True)
 class TaskEvent:
-    """One event of a task's stream: ``status``, ``sample``, ``preliminary`` or ``result``."""
+    """One event of a task's stream: ``status``, ``delta``, ``sample``, ``preliminary`` or
+    ``result``."""
 
     id: str
     event: str
@@ -215,6 +237,13 @@ class TaskEvent:
     def result(self) -> Result | None:
         """The early answer of a ``preliminary`` event."""
         return Result.model_validate(self.data) if self.event == "preliminary" else None
+
+    @property
+    def delta(self) -> TextDelta | None:
+        """The new text of a running sample, carried by a ``delta`` event."""
+        if self.event != "delta":
+            return None
+        return TextDelta(int(self.data["index"]), int(self.data["offset"]), str(self.data["text"]))
 
 
 @dataclass
@@ -271,10 +300,15 @@ class _Base:
         max_retries: int,
         max_retry_wait_s: float,
     ) -> None:
-        self.base_url = (base_url or os.environ.get("PONDER_URL") or DEFAULT_URL).rstrip("/")
+        self.base_url = _checked_url(base_url)
         key = api_key if api_key is not None else os.environ.get("PONDER_API_KEY")
         self.headers = {"user-agent": f"ponder-python/{__version__}"}
         if key:
+            if not (key.isascii() and key.isprintable()):
+                raise ConfigError(
+                    "the API key (PONDER_API_KEY) must be printable ASCII; "
+                    "`ponder keys new` makes one"
+                )
             self.headers["authorization"] = f"Bearer {key}"
         self.timeout = timeout
         self.max_retries = max_retries
@@ -295,8 +329,13 @@ class _Base:
 
     @staticmethod
     def _submit_body(prompt: str | None, **fields: Any) -> dict[str, Any]:
-        body = {"prompt": prompt, **fields}
-        return {k: v for k, v in body.items() if v is not None}
+        """The body of a submit, checked as the API checks it (422 InvalidRequestError)."""
+        body = {k: v for k, v in {"prompt": prompt, **fields}.items() if v is not None}
+        try:
+            TaskCreate.model_validate(body)
+        except ValidationError as e:
+            raise InvalidRequestError(422, "invalid", describe_errors(e.errors())) from e
+        return body
 
     @staticmethod
     def _page(response: httpx.Response) -> TaskPage:
@@ -331,6 +370,23 @@ class _Base:
                 raise WaitTimeout("the timeout passed before the task ended")
             read = min(read, remaining)
         return httpx.Timeout(self.timeout, read=read)
+
+
+def _checked_url(base_url: str | None) -> str:
+    url = (base_url or os.environ.get("PONDER_URL") or DEFAULT_URL).rstrip("/")
+    try:
+        parsed = httpx.URL(url)
+    except httpx.InvalidURL:
+        parsed = None
+    if parsed is None or parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ConfigError(
+            f"the service URL {url!r} (PONDER_URL) is not an http(s) URL; give e.g. {DEFAULT_URL}"
+        )
+    return url
+
+
+def _events_params(deltas: bool) -> dict[str, str]:
+    return {} if deltas else {"deltas": "false"}
 
 
 def _deadline(timeout: float | None) -> float | None:
@@ -409,14 +465,20 @@ class Client(_Base):
         temperature: float | None = None,
         timeout_s: float | None = None,
         tests: str | None = None,
+        stop: list[str] | None = None,
+        early_stop: bool | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
-        """Submit a task (``POST /v1/tasks``); returns it, ``pending``."""
+        """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
+
+        Raises :class:`InvalidRequestError` without sending when the request is invalid.
+        """
         body = self._submit_body(
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, timeout_s=timeout_s, tests=tests, metadata=metadata,
+            temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
+            early_stop=early_stop, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = self._request("POST", "/v1/tasks", json=body, headers={"Idempotency-Key": key})
@@ -438,12 +500,18 @@ class Client(_Base):
         return self._page(self._request("GET", "/v1/tasks", params=params))
 
     def events(
-        self, task_id: str, *, last_event_id: str | None = None, timeout: float | None = None
+        self,
+        task_id: str,
+        *,
+        last_event_id: str | None = None,
+        timeout: float | None = None,
+        deltas: bool = True,
     ) -> Iterator[TaskEvent]:
         """The task's events (after ``last_event_id``) until its terminal event.
 
         A dropped connection is resumed with ``Last-Event-ID``: no event is missed or
-        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds.
+        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds. ``deltas=False``
+        leaves out the ``delta`` events (the text of running samples).
         """
         deadline = _deadline(timeout)
         after = last_event_id
@@ -455,6 +523,7 @@ class Client(_Base):
                 with self._http.stream(
                     "GET",
                     f"{self.base_url}/v1/tasks/{task_id}/events",
+                    params=_events_params(deltas),
                     headers=headers,
                     timeout=self._stream_timeout(deadline),
                 ) as response:
@@ -490,7 +559,7 @@ class Client(_Base):
 
         Raises :class:`WaitTimeout` after ``timeout`` seconds (the task goes on).
         """
-        for _ in self.events(task_id, timeout=timeout):
+        for _ in self.events(task_id, timeout=timeout, deltas=False):
             pass
         return self.get(task_id)
 
@@ -557,14 +626,20 @@ class AsyncClient(_Base):
         temperature: float | None = None,
         timeout_s: float | None = None,
         tests: str | None = None,
+        stop: list[str] | None = None,
+        early_stop: bool | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
-        """Submit a task (``POST /v1/tasks``); returns it, ``pending``."""
+        """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
+
+        Raises :class:`InvalidRequestError` without sending when the request is invalid.
+        """
         body = self._submit_body(
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
-            temperature=temperature, timeout_s=timeout_s, tests=tests, metadata=metadata,
+            temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
+            early_stop=early_stop, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = await self._request(
@@ -594,11 +669,13 @@ class AsyncClient(_Base):
         *,
         last_event_id: str | None = None,
         timeout: float | None = None,  # noqa: ASYNC109 - the signature of Client.events
+        deltas: bool = True,
     ) -> AsyncGenerator[TaskEvent, None]:
         """The task's events (after ``last_event_id``) until its terminal event.
 
         A dropped connection is resumed with ``Last-Event-ID``: no event is missed or
-        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds.
+        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds. ``deltas=False``
+        leaves out the ``delta`` events (the text of running samples).
         """
         deadline = _deadline(timeout)
         after = last_event_id
@@ -610,6 +687,7 @@ class AsyncClient(_Base):
                 async with self._http.stream(
                     "GET",
                     f"{self.base_url}/v1/tasks/{task_id}/events",
+                    params=_events_params(deltas),
                     headers=headers,
                     timeout=self._stream_timeout(deadline),
                 ) as response:
@@ -654,7 +732,7 @@ class AsyncClient(_Base):
         """
         try:
             async with asyncio.timeout(timeout):
-                async with contextlib.aclosing(self.events(task_id)) as events:
+                async with contextlib.aclosing(self.events(task_id, deltas=False)) as events:
                     async for _ in events:
                         pass
         except TimeoutError as e:

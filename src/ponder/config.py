@@ -8,7 +8,9 @@ from __future__ import annotations
 import base64
 import itertools
 import os
+import re
 import socket
+from collections.abc import Callable, Iterator
 from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any, Literal
@@ -21,11 +23,19 @@ from pydantic import (
     field_validator,
     model_validator,
 )
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
+from pydantic_core import PydanticCustomError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from ponder.errors import ConfigError
 
-__all__ = ["Mode", "ModeConfig", "Settings", "get_settings", "load_settings"]
+__all__ = [
+    "CROSS_FIELD_CHECKS",
+    "Mode",
+    "ModeConfig",
+    "Settings",
+    "get_settings",
+    "load_settings",
+]
 
 NUM_PRIORITIES = 6
 
@@ -80,21 +90,6 @@ class ModeConfig(BaseModel):
         if not value or unknown:
             raise ValueError(f"paths must be a non-empty list of cot, decompose, pot; got {value}")
         return value
-
-    @model_validator(mode="after")
-    def _check_caps(self) -> ModeConfig:
-        if self.samples > self.max_samples:
-            raise ValueError(f"samples={self.samples} exceeds max_samples={self.max_samples}")
-        if self.max_new_tokens > self.max_max_new_tokens:
-            raise ValueError(
-                f"max_new_tokens={self.max_new_tokens} exceeds "
-                f"max_max_new_tokens={self.max_max_new_tokens}"
-            )
-        if self.task_timeout_s > self.max_timeout_s:
-            raise ValueError(
-                f"task_timeout_s={self.task_timeout_s} exceeds max_timeout_s={self.max_timeout_s}"
-            )
-        return self
 
 
 def default_modes() -> dict[Mode, ModeConfig]:
@@ -186,6 +181,13 @@ class Settings(BaseSettings):
     max_deliveries: int = Field(default=5, ge=1, description="claims of one task before failing")
     claim_block_ms: int = Field(default=1000, ge=10, description="idle wait of one claim call")
     shutdown_grace_s: float = Field(default=10.0, ge=0)
+    metrics_port: int | None = Field(
+        default=None,
+        ge=1,
+        le=65535,
+        description="`ponder worker`: serve the process's Prometheus metrics on this port "
+        "(bound to PONDER_HOST); unset: none (`serve` and `api` have /metrics)",
+    )
     modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
 
     # --- enhancement ------------------------------------------------------------------
@@ -204,6 +206,11 @@ class Settings(BaseSettings):
     )
     sandbox_timeout_s: float = Field(default=5.0, gt=0, description="program/test run limit")
     sandbox_memory_mb: int = Field(default=256, ge=32, description="program/test memory limit")
+    sandbox_isolation: Literal["auto", "bwrap", "rlimits"] = Field(
+        default="auto",
+        description="how model-written programs are isolated: bwrap (namespaces; fail if it "
+        "cannot run), rlimits (best effort), auto (bwrap when it works, else rlimits)",
+    )
 
     # --- scheduling -------------------------------------------------------------------
     batching: Literal["continuous", "static"] = Field(
@@ -289,6 +296,12 @@ class Settings(BaseSettings):
     events_keepalive_s: float = Field(
         default=15.0, gt=0, description="SSE keep-alive comment interval (also the WS idle tick)"
     )
+    delta_interval_ms: float = Field(
+        default=100.0,
+        ge=0,
+        description="text of running samples published as `delta` events at most this often "
+        "per sample (ms); 0: no delta events",
+    )
     webhook_secret: SecretStr | None = Field(
         default=None,
         description="signing secret `whsec_<base64>`; needed to accept tasks with callback_url",
@@ -300,6 +313,12 @@ class Settings(BaseSettings):
     webhook_timeout_s: float = Field(default=10.0, gt=0, description="one delivery attempt")
     webhook_max_response_bytes: int = Field(
         default=65_536, ge=0, description="most of a receiver's answer read back"
+    )
+    webhook_max_in_flight: int = Field(
+        default=16, ge=1, description="webhook attempts in flight at once per worker process"
+    )
+    webhook_max_per_host: int = Field(
+        default=4, ge=1, description="of those, at most this many to one host:port"
     )
     callback_allow_private: bool = Field(
         default=False,
@@ -435,6 +454,13 @@ class Settings(BaseSettings):
             )
         return merged
 
+    @model_validator(mode="after")
+    def _check_as_a_whole(self) -> Settings:
+        problems = [problem for check in CROSS_FIELD_CHECKS for problem in check(self)]
+        if problems:
+            raise PydanticCustomError(_CONFLICT, "{problems}", {"problems": "\n".join(problems)})
+        return self
+
     @property
     def heartbeat_interval_s(self) -> float:
         return self.heartbeat_s or self.lease_s / 3
@@ -443,16 +469,150 @@ class Settings(BaseSettings):
         return self.modes[Mode(mode)]
 
 
+# --- settings checked as a whole ------------------------------------------------------
+# Each check is one small function of the validated settings that yields problems: one
+# line each, naming the PONDER_ variables to change and the values seen. Add a check by
+# appending it to CROSS_FIELD_CHECKS.
+_CONFLICT = "settings_conflict"
+
+
+def _heartbeat_inside_lease(s: Settings) -> Iterator[str]:
+    if s.heartbeat_s and s.heartbeat_s >= s.lease_s:
+        yield (
+            f"heartbeat ({s.heartbeat_s:g} s) must be shorter than the lease ({s.lease_s:g} s): "
+            "lower PONDER_HEARTBEAT_S or raise PONDER_LEASE_S"
+        )
+
+
+def _buffer_holds_a_batch(s: Settings) -> Iterator[str]:
+    if s.batching == "static" and s.batch_max_buffer < s.batch_max_size:
+        yield (
+            f"the batch buffer ({s.batch_max_buffer}) must hold at least one full batch "
+            f"({s.batch_max_size}) with PONDER_BATCHING=static: raise PONDER_BATCH_MAX_BUFFER "
+            "or lower PONDER_BATCH_MAX_SIZE"
+        )
+
+
+def _static_batches_fit_the_engine(s: Settings) -> Iterator[str]:
+    rows = s.batch_max_size * s.batch_max_concurrent
+    if s.batching == "static" and s.engine != "openai" and rows > s.engine_max_rows:
+        yield (
+            f"static batching runs up to {rows} rows at once (PONDER_BATCH_MAX_SIZE "
+            f"{s.batch_max_size} x PONDER_BATCH_MAX_CONCURRENT {s.batch_max_concurrent}), more "
+            f"than the engine takes (PONDER_ENGINE_MAX_ROWS {s.engine_max_rows}): raise "
+            "PONDER_ENGINE_MAX_ROWS or lower the batch size"
+        )
+
+
+def _batch_wait_under_sample_timeouts(s: Settings) -> Iterator[str]:
+    mode, config = min(s.modes.items(), key=lambda item: item[1].sample_timeout_s)
+    var, wait_ms = (
+        ("PONDER_BATCH_MAX_WAIT_MS", s.batch_max_wait_ms)
+        if s.batching == "static"
+        else ("PONDER_ENGINE_MAX_WAIT_MS", s.engine_max_wait_ms)
+    )
+    if wait_ms / 1000 >= config.sample_timeout_s:
+        yield (
+            f"the {s.batching} batching wait ({wait_ms:g} ms) must be shorter than the {mode} "
+            f"mode's sample timeout ({config.sample_timeout_s:g} s): lower {var} or raise "
+            f"PONDER_MODES__{mode.upper()}__SAMPLE_TIMEOUT_S"
+        )
+
+
+def _mode_defaults_within_caps(s: Settings) -> Iterator[str]:
+    for mode, config in s.modes.items():
+        var = f"PONDER_MODES__{mode.upper()}__"
+        pairs = [
+            ("samples", "max_samples", "the most samples a request may ask for"),
+            ("max_new_tokens", "max_max_new_tokens", "the most tokens a request may ask for"),
+            ("temperature", "max_temperature", "the highest temperature a request may ask for"),
+            ("sample_timeout_s", "task_timeout_s", "the whole task's time limit"),
+            ("task_timeout_s", "max_timeout_s", "the most timeout_s a request may ask for"),
+        ]
+        for low, high, meaning in pairs:
+            value, cap = getattr(config, low), getattr(config, high)
+            if value > cap:
+                yield (
+                    f"{mode} mode: {low} ({value:g}) is over {high} ({cap:g}, {meaning}): "
+                    f"lower {var}{low.upper()} or raise {var}{high.upper()}"
+                )
+
+
+def _limits_fit_in_a_body(s: Settings) -> Iterator[str]:
+    limits = [
+        ("PONDER_MAX_PROMPT_CHARS", s.max_prompt_chars, "a prompt of", "characters"),
+        ("PONDER_MAX_TESTS_CHARS", s.max_tests_chars, "tests of", "characters"),
+        ("PONDER_MAX_METADATA_BYTES", s.max_metadata_bytes, "metadata of", "bytes"),
+    ]
+    for var, limit, what, unit in limits:
+        if limit > s.max_body_bytes:
+            yield (
+                f"{what} {var} ({limit} {unit}) can never arrive in a request body of "
+                f"PONDER_MAX_BODY_BYTES ({s.max_body_bytes} bytes): raise "
+                f"PONDER_MAX_BODY_BYTES or lower {var}"
+            )
+
+
+def _vote_has_a_weight(s: Settings) -> Iterator[str]:
+    if s.vote_weight == 0 and s.confidence_weight == 0:
+        yield (
+            "PONDER_VOTE_WEIGHT and PONDER_CONFIDENCE_WEIGHT are both 0, so the vote could "
+            "only pick the first answer: raise one of them"
+        )
+
+
+CROSS_FIELD_CHECKS: list[Callable[[Settings], Iterator[str]]] = [
+    _heartbeat_inside_lease,
+    _buffer_holds_a_batch,
+    _static_batches_fit_the_engine,
+    _batch_wait_under_sample_timeouts,
+    _mode_defaults_within_caps,
+    _limits_fit_in_a_body,
+    _vote_has_a_weight,
+]
+
+#: settings whose values an error message must not repeat
+_SECRET_FIELDS = frozenset({"api_keys", "webhook_secret", "openai_api_key"})
+
+
+def _describe(error: Any) -> str:
+    """One line for one validation error: the variable, the value seen, what is wrong."""
+    if error["type"] == _CONFLICT:
+        return str(error["ctx"]["problems"])
+    names = [str(p) for p in error["loc"] if not isinstance(p, int)]
+    items = [p for p in error["loc"] if isinstance(p, int)]
+    var = "PONDER_" + "__".join(names).upper()
+    message = str(error["msg"]).removeprefix("Value error, ")
+    seen = error["input"]
+    if (names and names[0] in _SECRET_FIELDS) or isinstance(seen, dict):
+        return f"{var}: {message}"
+    shown = (",".join(map(str, seen)) if isinstance(seen, list) else str(seen))[:80]
+    if items:
+        return f"{var}: item {items[0] + 1} ({shown}): {message}"
+    return f"{var}={shown}: {message}"
+
+
+def _unparsable(e: SettingsError) -> str:
+    """A structured value (``PONDER_MODES``…) that is not JSON: name the variables set."""
+    field = re.search(r'field "(\w+)"', str(e))
+    prefix = f"PONDER_{field.group(1).upper()}" if field else "PONDER_"
+    names = sorted(k for k in os.environ if k.upper().startswith(prefix)) or [prefix]
+    return f"{' or '.join(names)}: not valid JSON ({e.__cause__ or e})"
+
+
 def load_settings(**overrides: Any) -> Settings:
-    """Read settings from the environment (and ``overrides``); raise ConfigError if wrong."""
+    """Read settings from the environment (and ``overrides``); raise ConfigError if wrong.
+
+    The message has one line per problem, each naming the ``PONDER_`` variable(s) to
+    change and the value(s) seen.
+    """
     try:
         return Settings(**overrides)
     except ValidationError as e:
-        problems = "; ".join(
-            f"PONDER_{'__'.join(str(p) for p in err['loc']).upper()}: {err['msg']}"
-            for err in e.errors()
-        )
-        raise ConfigError(f"invalid configuration: {problems}") from e
+        lines = "\n".join(_describe(err) for err in e.errors()).splitlines()
+        raise ConfigError("\n".join(f"invalid configuration: {line}" for line in lines)) from e
+    except SettingsError as e:
+        raise ConfigError(f"invalid configuration: {_unparsable(e)}") from e
 
 
 @lru_cache(maxsize=1)

@@ -1,7 +1,9 @@
-"""Prometheus metrics, defined once here and served on ``GET /metrics``.
+"""Prometheus metrics, defined once here.
 
-Each process has its own registry; the all-in-one ``ponder serve`` shows everything,
-``ponder api`` shows API and queue figures, workers count their own.
+Each process has its own registry: the all-in-one ``ponder serve`` shows everything on
+``GET /metrics``, ``ponder api`` shows API and queue figures there, and each
+``ponder worker`` serves its own (batches, engine, samples, finished tasks, takeovers,
+webhook deliveries) on ``--metrics-port`` (``PONDER_METRICS_PORT``).
 """
 
 from __future__ import annotations
@@ -77,6 +79,16 @@ BUFFER_DEPTH = Gauge(
     "ponder_batcher_buffer_depth",
     "Requests buffered in the batcher by priority",
     ["priority"],
+    registry=REGISTRY,
+)
+TASKS_RECLAIMED = Counter(
+    "ponder_tasks_reclaimed_total",
+    "Queue entries taken over from dead workers or lapsed leases",
+    registry=REGISTRY,
+)
+OUTBOX_DEPTH = Gauge(
+    "ponder_webhook_outbox_depth",
+    "Webhook deliveries in the outbox (due, scheduled or being sent)",
     registry=REGISTRY,
 )
 WEBHOOK_DELIVERIES = Counter(

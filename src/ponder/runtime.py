@@ -16,7 +16,6 @@ from ponder.batch_feeder import BatchFeeder
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
-from ponder.errors import ConfigError
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
 from ponder.worker import SampleRunner, Worker
@@ -39,35 +38,23 @@ class WorkerRuntime:
         self.batcher: DynamicBatcher | None = None
         runner: SampleRunner = self.engine
         if settings.batching == "static":
-            rows = settings.batch_max_size * settings.batch_max_concurrent
-            if rows > settings.engine_max_rows and self.engine.name != "openai":
-                raise ConfigError(
-                    f"static batching runs batches of up to {rows} rows (PONDER_BATCH_MAX_SIZE "
-                    f"x PONDER_BATCH_MAX_CONCURRENT), more than PONDER_ENGINE_MAX_ROWS="
-                    f"{settings.engine_max_rows}: raise PONDER_ENGINE_MAX_ROWS"
-                )
             self.batcher = DynamicBatcher.from_settings(self.engine, settings)
             runner = self.batcher
         self.webhooks = WebhookSender(store, settings)
         self.workers = [
-            Worker(
-                store,
-                runner,
-                settings,
-                worker_id=f"{settings.node_id}-w{i}",
-                webhooks=self.webhooks,
-            )
+            Worker(store, runner, settings, worker_id=f"{settings.node_id}-w{i}")
             for i in range(workers)
         ]
         self._loops: list[asyncio.Task[None]] = []
         # the Batch API's feeder and OpenAI-shaped webhooks (one process at a time: a lease)
-        self.feeder = BatchFeeder(store, settings, self.webhooks, holder=f"{settings.node_id}-f")
+        self.feeder = BatchFeeder(store, settings, holder=f"{settings.node_id}-f")
         self._feeder_loop: asyncio.Task[None] | None = None
 
     async def start(self) -> None:
         await self.engine.start()
         if self.batcher is not None:
             await self.batcher.start()
+        await self.webhooks.start()  # the outbox's delivery loop of this process
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
         self._feeder_loop = asyncio.create_task(self.feeder.run(), name="batch-feeder")
         log.info(

@@ -88,6 +88,9 @@ class Sample(BaseModel):
     #: code tasks with tests: how many tests the candidate passed / failed
     tests_passed: int | None = None
     tests_failed: int | None = None
+    #: the sandbox that ran the sample's program or tests: ``bwrap`` (namespaces) or
+    #: ``rlimits`` (best effort); None when nothing ran
+    isolation: Literal["bwrap", "rlimits"] | None = None
 
 
 class Result(BaseModel):

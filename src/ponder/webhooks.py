@@ -1,4 +1,4 @@
-"""Webhooks: Standard Webhooks signatures, the SSRF guard, and delivery with retries.
+"""Webhooks: Standard Webhooks signatures, the SSRF guard, and the delivery loop.
 
 A task with a ``callback_url`` gets a POST on ``task.preliminary`` and on its terminal
 event (``task.completed``, ``task.partial``, ``task.failed``, ``task.cancelled``).
@@ -8,10 +8,12 @@ retry of one event, so receivers de-duplicate on it), ``webhook-timestamp`` and
 Signing and verification use the ``standardwebhooks`` package (the reference
 implementation of the spec), so a receiver may verify with it or with :func:`verify`.
 
-Delivery is at least once: every attempt is recorded on the task
-(``task.callback.deliveries``) with a compare-and-set write, and
-:meth:`WebhookSender.deliver` called again for the same event (by a worker that
-reclaimed the task after a crash) resumes from the recorded attempt count.
+Delivery goes through a durable outbox (:mod:`ponder.outbox`): the task write that
+causes a webhook also stores it, and :class:`WebhookSender`, the delivery loop every
+worker process runs, sends it on the retry schedule, recording every attempt on the task
+(``task.callback.deliveries``). Delivery is at least once, de-duplicated by
+``webhook-id``: only a process that dies between a receiver's answer and the store's
+record of it makes an event arrive twice.
 
 Receivers::
 
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import ipaddress
 import json
 import logging
@@ -31,6 +34,7 @@ import random
 import secrets
 import socket
 import time
+from collections import Counter
 from collections.abc import Callable, Mapping
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
@@ -40,7 +44,12 @@ import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
 from ponder import __version__, metrics
-from ponder.types import CallbackInfo, Delivery, Task, TaskStatus, utcnow
+from ponder.aio import cancel_and_wait
+from ponder.errors import RecoverableError
+from ponder.outbox import EVENTS, PRELIMINARY, OutboxEntry, terminal_event, webhook_id
+from ponder.states import is_terminal
+from ponder.store.base import Notice
+from ponder.types import CallbackInfo, Delivery, Task, utcnow
 
 if TYPE_CHECKING:
     from ponder.config import Settings
@@ -61,40 +70,21 @@ __all__ = [
 
 log = logging.getLogger("ponder.webhooks")
 
-_TERMINAL_EVENTS = {
-    TaskStatus.done: "task.completed",
-    TaskStatus.partial_done: "task.partial",
-    TaskStatus.failed: "task.failed",
-    TaskStatus.cancelled: "task.cancelled",
-}
-#: every event a callback receives
-EVENTS = frozenset({"task.preliminary", *_TERMINAL_EVENTS.values()})
-
 _CAS_RETRIES = 20
 _RESOLVE_TIMEOUT_S = 5.0
 _ERROR_SNIPPET = 200
 _JITTER = 0.2  # each retry delay is drawn from [d * 0.8, d * 1.2]
 _GAVE_UP = "gave up: "  # the error prefix of a delivery abandoned before its schedule ended
+#: the delivery loop looks at the outbox at least this often (in case a notice was missed)
+_RECHECK_S = 5.0
+_NOTICE_BLOCK_MS = 5000
+_BACKOFF_S = (0.05, 2.0)  # first and longest wait after a store error
 
 # Cloud metadata endpoints: refused even when private addresses are allowed.
 _METADATA = frozenset(
     ipaddress.ip_address(a)
     for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200", "169.254.170.2")
 )
-
-
-# --- events ---------------------------------------------------------------------------
-def terminal_event(status: TaskStatus | str) -> str:
-    """The webhook event of a terminal status (``done`` → ``task.completed``, …)."""
-    try:
-        return _TERMINAL_EVENTS[TaskStatus(status)]
-    except (KeyError, ValueError):
-        raise ValueError(f"{status!r} is not a terminal status") from None
-
-
-def webhook_id(task_id: str, event: str) -> str:
-    """The ``webhook-id`` of one event of one task: stable across retries and workers."""
-    return f"msg_{task_id}_{event}"
 
 
 # --- signatures -----------------------------------------------------------------------
@@ -199,16 +189,23 @@ async def check_callback_url(url: str, allow_private: bool = False) -> None:
 
 # --- delivery -------------------------------------------------------------------------
 class WebhookSender:
-    """Sends a task's webhooks with retries, recording every attempt on the task.
+    """The delivery loop of one process: sends the outbox's due webhooks on schedule.
 
-    ``deliver`` runs the whole schedule (the first attempt, then one retry after each
-    delay of ``settings.webhook_retry_s``, with ±20% jitter) and returns when the event
-    is delivered (2xx), refused for good (410), or the schedule is spent. It is safe to
-    call again for the same event: a delivered one is not sent again, an interrupted one
-    resumes from its recorded attempt count (at once: a reclaim waited out the lease).
-    Cancelling it (worker shutdown) loses nothing recorded.
+    :meth:`start` begins two background tasks, owned here and ended by :meth:`close`:
+    one claims due entries (:meth:`~ponder.store.base.TaskStore.claim_deliveries`, under
+    a lease) and sends each in a task of its own, at most ``webhook_max_in_flight`` at
+    once and ``webhook_max_per_host`` to one host; the other waits for
+    :attr:`~ponder.store.base.Notice.outbox`, so that a new entry goes out at once.
 
-    The owner calls :meth:`close` (which closes the HTTP client it made, not one given).
+    One attempt is bounded by ``webhook_timeout_s`` (the SSRF check included). A 2xx or
+    a 410 ends the entry, as does the last attempt of the schedule (1 +
+    ``len(webhook_retry_s)``); any other answer or a timeout makes it due again after
+    the next delay of ``webhook_retry_s`` (±20% jitter), its attempt count stored with
+    it, so a restart keeps the schedule. A process that dies mid-attempt leaves the entry
+    leased: another loop takes it when the lease lapses and resends it with the same
+    ``webhook-id``. Any number of processes run this loop over one store.
+
+    The owner calls :meth:`close` (which also closes the HTTP client it made, not one given).
     """
 
     def __init__(
@@ -225,6 +222,14 @@ class WebhookSender:
         self._timeout_s = settings.webhook_timeout_s
         self._max_bytes = settings.webhook_max_response_bytes
         self._allow_private = settings.callback_allow_private
+        self._max_in_flight = settings.webhook_max_in_flight
+        self._per_host = settings.webhook_max_per_host
+        self._grace_s = settings.shutdown_grace_s
+        #: names this loop's leases in the outbox
+        self.consumer = f"{settings.node_id}-webhooks"
+        # an attempt takes at most webhook_timeout_s; the lease also covers the store
+        # calls around it, so a live loop is not overtaken
+        self.lease_s = settings.webhook_timeout_s + 2 * settings.store_timeout_s + 1
         self._owns_client = client is None
         self._client = client or httpx.AsyncClient(
             timeout=settings.webhook_timeout_s,
@@ -233,118 +238,192 @@ class WebhookSender:
             headers={"user-agent": f"ponder-webhooks/{__version__}"},
         )
         self._rng = random.Random()
+        self._sending: dict[str, tuple[str, asyncio.Task[None]]] = {}  # id -> (host, job)
+        self._wake = asyncio.Event()
+        self._loops: list[asyncio.Task[None]] = []
 
     @property
     def max_attempts(self) -> int:
         return 1 + len(self._delays_s)
 
+    async def start(self) -> None:
+        """Start sending (idempotent)."""
+        if self._loops:
+            return
+        self._loops = [
+            asyncio.create_task(self._dispatch_loop(), name=f"{self.consumer}-dispatch"),
+            asyncio.create_task(self._notice_loop(), name=f"{self.consumer}-notices"),
+        ]
+
     async def close(self) -> None:
+        """Stop claiming; attempts in flight get ``shutdown_grace_s``, then are cancelled
+        and their entries handed back, due at once for another process."""
+        loops, self._loops = self._loops, []
+        await cancel_and_wait(loops)
+        jobs = [job for _, job in self._sending.values()]
+        if jobs:
+            _, still = await asyncio.wait(jobs, timeout=self._grace_s)
+            await cancel_and_wait(still)
         if self._owns_client:
             await self._client.aclose()
 
-    def is_finished(self, delivery: Delivery) -> bool:
-        """True when ``delivery`` needs no more attempts."""
-        return (
-            delivery.delivered
-            or delivery.status_code == 410
-            or delivery.attempts >= self.max_attempts
-            or (delivery.error or "").startswith(_GAVE_UP)
-        )
+    # --- the loops --------------------------------------------------------------------
+    async def _dispatch_loop(self) -> None:
+        delay_s = _BACKOFF_S[0]
+        while True:
+            self._wake.clear()
+            wait_s = _RECHECK_S
+            room = self._max_in_flight - len(self._sending)
+            if room > 0:
+                try:
+                    entries, next_due_s = await self.store.claim_deliveries(
+                        self.consumer,
+                        room,
+                        self.lease_s,
+                        host_room=self._host_room(),
+                        per_host=self._per_host,
+                    )
+                except RecoverableError as e:
+                    log.warning("webhook outbox: %s; retrying in %.2fs", e, delay_s)
+                    await asyncio.sleep(delay_s)
+                    delay_s = min(delay_s * 2, _BACKOFF_S[1])
+                    continue
+                delay_s = _BACKOFF_S[0]
+                for entry in entries:
+                    self._spawn(entry)
+                if entries:
+                    continue  # more may be due
+                if next_due_s is not None and next_due_s > 0:
+                    wait_s = min(wait_s, next_due_s)
+            # woken early by a notice of new entries, or a finished attempt (room again)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(wait_s):
+                    await self._wake.wait()
 
-    async def deliver(self, task_id: str, event: str) -> None:
-        """Send ``event`` of the task to its ``callback_url`` (see the class docstring)."""
-        if event not in EVENTS:
-            raise ValueError(f"unknown webhook event {event!r}; one of {sorted(EVENTS)}")
-        task = await self.store.get_task(task_id)
-        if task is None or task.callback is None:
-            return  # gone, or nothing to send
-        # the record is written with the first attempt's outcome (no write before it:
-        # a preliminary webhook goes out while the worker still updates the task)
-        delivery = next((d for d in task.callback.deliveries if d.event == event), None)
-        delivery = delivery or Delivery(event=event, webhook_id=webhook_id(task_id, event))
-        if self.is_finished(delivery):
-            return
-        if event != "task.preliminary" and not _is_terminal(task):
-            log.warning("webhook %s of task %s: not sent, the task is %s", event, task_id,
-                        task.status.value)  # fmt: skip
-            return
-        url = task.callback.url
-        if self._secret is None:
-            await self._give_up(task_id, event, "no webhook secret is configured", "unconfigured")
-            return
-        body = self._body(task, event)
-        msg_id = delivery.webhook_id or webhook_id(task_id, event)
-        attempts = delivery.attempts
-        first = True
-        while attempts < self.max_attempts:
-            if not first:
-                await asyncio.sleep(self._delay_s(attempts - 1))
-            first = False
+    async def _notice_loop(self) -> None:
+        """Wake the dispatcher when entries are added (store errors are its to report)."""
+        cursor: str | None = None
+        delay_s = _BACKOFF_S[0]
+        while True:
             try:
-                await check_callback_url(url, self._allow_private)
-            except ValueError as e:
-                await self._give_up(task_id, event, str(e), "refused")
-                return
-            status, error = await self._attempt(url, msg_id, body)
-            attempts += 1
-            delivered = status is not None and 200 <= status < 300
-            stop = delivered or status == 410 or attempts >= self.max_attempts
+                cursor, added = await self.store.read_notices(
+                    Notice.outbox, cursor, _NOTICE_BLOCK_MS
+                )
+            except RecoverableError as e:
+                log.debug("webhook outbox notices: %s", e)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _BACKOFF_S[1])
+                continue
+            delay_s = _BACKOFF_S[0]
+            if added:
+                self._wake.set()
 
-            found = await self._record(
-                task_id, event, _attempt_result(attempts, status, error, delivered=delivered)
+    def _host_room(self) -> dict[str, int]:
+        busy = Counter(host for host, _ in self._sending.values())
+        return {host: self._per_host - n for host, n in busy.items()}
+
+    def _spawn(self, entry: OutboxEntry) -> None:
+        if entry.webhook_id in self._sending:
+            return  # already being sent here (its lease lapsed under a slow store)
+        job = asyncio.create_task(self._send(entry), name=f"webhook-{entry.webhook_id}")
+        self._sending[entry.webhook_id] = (entry.host, job)
+
+        def finished(t: asyncio.Task[None]) -> None:
+            self._sending.pop(entry.webhook_id, None)
+            self._wake.set()
+            if not t.cancelled() and t.exception() is not None:
+                log.error("webhook %s: unexpected error", entry.webhook_id, exc_info=t.exception())
+
+        job.add_done_callback(finished)
+
+    # --- one attempt ------------------------------------------------------------------
+    async def _send(self, entry: OutboxEntry) -> None:
+        """One attempt of ``entry``, then end it or schedule the next one."""
+        try:
+            await self._attempt(entry)
+        except asyncio.CancelledError:  # shutdown: hand the entry back
+            with contextlib.suppress(RecoverableError):
+                await asyncio.shield(self.store.retry_delivery(self.consumer, entry, 0))
+            raise
+        except RecoverableError as e:
+            log.warning(
+                "webhook %s: %s; it is sent again when its lease (%.0fs) lapses",
+                entry.webhook_id,
+                e,
+                self.lease_s,
             )
-            outcome = (
-                "delivered" if delivered
-                else "gone" if status == 410
-                else "exhausted" if stop
-                else "failed"
-            )  # fmt: skip
-            metrics.WEBHOOK_DELIVERIES.labels(outcome=outcome).inc()
-            log.log(
-                logging.INFO if delivered else logging.WARNING,
-                "webhook %s of task %s, attempt %d/%d: %s",
-                event,
-                task_id,
-                attempts,
-                self.max_attempts,
-                outcome if error is None else f"{outcome} ({error})",
+
+    async def _attempt(self, entry: OutboxEntry) -> None:
+        if entry.task_id is not None:
+            task = await self.store.get_task(entry.task_id)
+            if task is None or task.callback is None:
+                await self.store.finish_delivery(entry.webhook_id)  # expired: nobody to tell
+                return
+            if entry.event == PRELIMINARY and entry.attempts and is_terminal(task.status):
+                await self._give_up(entry, "the task ended before a retry", "superseded")
+                return
+            body = _task_body(task, entry.event)
+        else:
+            body = json.dumps(entry.body, separators=(",", ":")).encode()
+        secret = entry.secret or self._secret
+        if secret is None:
+            await self._give_up(entry, "no webhook secret is configured", "unconfigured")
+            return
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await check_callback_url(entry.url, self._allow_private)
+                status, error = await self._post(entry.url, entry.webhook_id, body, secret)
+        except ValueError as e:
+            await self._give_up(entry, str(e), "refused")
+            return
+        except TimeoutError:
+            status, error = None, f"timed out after {self._timeout_s:g}s"
+        attempts = entry.attempts + 1
+        delivered = status is not None and 200 <= status < 300
+        stop = delivered or status == 410 or attempts >= self.max_attempts
+        outcome = (
+            "delivered" if delivered
+            else "gone" if status == 410
+            else "exhausted" if stop
+            else "failed"
+        )  # fmt: skip
+        metrics.WEBHOOK_DELIVERIES.labels(outcome=outcome).inc()
+        log.log(
+            logging.INFO if delivered else logging.WARNING,
+            "webhook %s %s, attempt %d/%d: %s",
+            entry.event,
+            entry.webhook_id,
+            attempts,
+            self.max_attempts,
+            outcome if error is None else f"{outcome} ({error})",
+        )
+        if entry.task_id is not None:
+            await self._record(
+                entry.task_id, entry.event, _attempt_result(attempts, status, error, delivered)
             )
-            if stop or found is None:
-                return
-            if event == "task.preliminary" and _is_terminal(found[0]):
-                await self._give_up(task_id, event, "the task ended before a retry", "superseded")
-                return
+        if stop:
+            await self.store.finish_delivery(entry.webhook_id)
+        else:
+            entry.attempts = attempts
+            await self.store.retry_delivery(self.consumer, entry, self._delay_s(attempts - 1))
 
     # --- helpers ----------------------------------------------------------------------
     def _delay_s(self, retry: int) -> float:
         base = self._delays_s[min(retry, len(self._delays_s) - 1)]
         return base * self._rng.uniform(1 - _JITTER, 1 + _JITTER)
 
-    def _body(self, task: Task, event: str) -> bytes:
-        occurred = task.finished_at if event != "task.preliminary" and task.finished_at else None
-        payload = {
-            "type": event,
-            "timestamp": (occurred or utcnow()).isoformat().replace("+00:00", "Z"),
-            "data": task.to_public(),
-        }
-        return json.dumps(payload, separators=(",", ":")).encode()
-
-    async def _attempt(self, url: str, msg_id: str, body: bytes) -> tuple[int | None, str | None]:
+    async def _post(
+        self, url: str, msg_id: str, body: bytes, secret: str
+    ) -> tuple[int | None, str | None]:
         """One POST: (status code or None, error or None). Reads back at most the cap."""
-        assert self._secret is not None
-        headers = {"content-type": "application/json", **signed_headers(self._secret, msg_id, body)}
+        headers = {"content-type": "application/json", **signed_headers(secret, msg_id, body)}
         try:
-            async with (
-                asyncio.timeout(self._timeout_s),
-                self._client.stream("POST", url, content=body, headers=headers) as response,
-            ):
+            async with self._client.stream("POST", url, content=body, headers=headers) as response:
                 received = bytearray()
                 async for chunk in response.aiter_bytes():
                     received += chunk[: self._max_bytes - len(received)]
                     if len(received) >= self._max_bytes:
                         break
-        except TimeoutError:
-            return None, f"timed out after {self._timeout_s:g}s"
         except httpx.HTTPError as e:
             return None, f"{type(e).__name__}: {e}" if str(e) else type(e).__name__
         if 200 <= response.status_code < 300:
@@ -354,42 +433,50 @@ class WebhookSender:
             f": {snippet}" if snippet else ""
         )
 
-    async def _give_up(self, task_id: str, event: str, why: str, outcome: str) -> None:
+    async def _give_up(self, entry: OutboxEntry, why: str, outcome: str) -> None:
         def apply(d: Delivery) -> bool:
             d.error = _GAVE_UP + why
             return True
 
-        await self._record(task_id, event, apply)
+        if entry.task_id is not None:
+            await self._record(entry.task_id, entry.event, apply)
+        await self.store.finish_delivery(entry.webhook_id)
         metrics.WEBHOOK_DELIVERIES.labels(outcome=outcome).inc()
-        log.warning("webhook %s of task %s %s%s", event, task_id, _GAVE_UP, why)
+        log.warning("webhook %s %s %s%s", entry.event, entry.webhook_id, _GAVE_UP, why)
 
-    async def _record(
-        self, task_id: str, event: str, apply: Callable[[Delivery], bool]
-    ) -> tuple[Task, Delivery] | None:
+    async def _record(self, task_id: str, event: str, apply: Callable[[Delivery], bool]) -> None:
         """Find (or create) the event's delivery record, apply a change, write it back.
 
         A compare-and-set write: on a revision conflict the task is read again and the
         change applied again. Writes no event (the SSE stream ends at the terminal one),
-        and works on terminal tasks. None when the task is gone or has no callback; the
-        unwritten change after too many conflicts (logged: the next attempt writes again).
+        and works on terminal tasks. Nothing when the task is gone; after too many
+        conflicts the change is logged and dropped (the next attempt writes again).
         """
-        latest: tuple[Task, Delivery] | None = None
         for _ in range(_CAS_RETRIES):
             task = await self.store.get_task(task_id)
             if task is None or task.callback is None:
-                return None
+                return
             delivery, created = _delivery_of(task.callback, task_id, event)
-            latest = task, delivery
             if not apply(delivery) and not created:
-                return latest
+                return
             if await self.store.update_task(task):
-                return latest
+                return
         log.warning("webhook %s of task %s: the record kept changing; not recorded", event, task_id)
-        return latest
+
+
+def _task_body(task: Task, event: str) -> bytes:
+    """The body of a task's webhook: ``{"type", "timestamp", "data": Task}``."""
+    occurred = task.finished_at if event != PRELIMINARY and task.finished_at else None
+    payload = {
+        "type": event,
+        "timestamp": (occurred or utcnow()).isoformat().replace("+00:00", "Z"),
+        "data": task.to_public(),
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
 
 
 def _attempt_result(
-    attempts: int, status: int | None, error: str | None, *, delivered: bool
+    attempts: int, status: int | None, error: str | None, delivered: bool
 ) -> Callable[[Delivery], bool]:
     """The change that records one attempt (never lowering what another worker wrote)."""
 
@@ -410,7 +497,3 @@ def _delivery_of(callback: CallbackInfo, task_id: str, event: str) -> tuple[Deli
     delivery = Delivery(event=event, webhook_id=webhook_id(task_id, event))
     callback.deliveries.append(delivery)
     return delivery, True
-
-
-def _is_terminal(task: Task) -> bool:
-    return task.status in _TERMINAL_EVENTS

@@ -3,8 +3,8 @@
 A task becomes samples; each sample is one row handed to the engine (which runs rows of
 many tasks in one batch, joining and leaving per step). Only workers move a task forward
 (pending → running → an end); every write is a compare-and-set on the task's revision,
-so a cancel by the API is never overwritten: the worker sees it at the next sample
-boundary (or the next watch tick) and stops using the engine for that task.
+so a cancel by the API is never overwritten: the worker hears of it at once (the store's
+cancel notice) or at the next sample boundary, and stops using the engine for that task.
 """
 
 from __future__ import annotations
@@ -12,13 +12,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
+from ponder.aio import cancel_and_wait
 from ponder.config import Settings
+from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import Strategy, create_strategy
 from ponder.errors import (
@@ -30,7 +33,7 @@ from ponder.errors import (
 )
 from ponder.scheduling import WeightedFairPicker
 from ponder.states import check_transition, is_terminal
-from ponder.store.base import Claim, TaskStore
+from ponder.store.base import Claim, Notice, TaskStore
 from ponder.types import (
     Sample,
     SampleStatus,
@@ -40,7 +43,6 @@ from ponder.types import (
     Tokens,
     utcnow,
 )
-from ponder.webhooks import WebhookSender, terminal_event
 
 __all__ = ["SampleRunner", "Worker"]
 
@@ -48,7 +50,10 @@ _R = TypeVar("_R")
 
 log = logging.getLogger("ponder.worker")
 
+_BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 2.0
+#: longest blocking read of the cancel notices (a stop cancels it sooner)
+_NOTICE_BLOCK_MS = 5000
 #: compare-and-set retries of one task write when only webhook records changed under it
 _SAVE_RETRIES = 5
 #: after a task's deadline, how long its running samples get to return their text so far
@@ -67,21 +72,30 @@ class TaskAbandoned(Exception):
 
 @dataclass
 class _InFlight:
-    """A claimed queue entry: its job (run, then webhooks) and the run inside it."""
+    """A claimed queue entry and the run of its task."""
 
     claim: Claim
     job: asyncio.Task[None] | None = None
     run: asyncio.Task[bool] | None = None
-    holds_slot: bool = True
+    #: the client cancelled the task (the notice may come before the run has started)
+    cancelled: bool = False
 
 
 class Worker:
     """Claims and runs tasks until stopped.
 
-    ``run()`` owns every background task it starts (claim loop, heartbeat, one job per
-    task) and awaits them all before returning. ``stop()`` stops claiming; running tasks
-    get ``shutdown_grace_s`` to finish, then are cancelled and their queue entries
-    released for another worker (their finished samples are kept).
+    ``run()`` owns every background task it starts (claim loop, heartbeat, cancel watch,
+    one job per task) and awaits them all before returning. ``stop()`` stops claiming;
+    running tasks get ``shutdown_grace_s`` to finish, then are cancelled and their queue
+    entries released for another worker (their finished samples are kept).
+
+    Takeover: each claim call first takes over (:meth:`TaskStore.reclaim`, at most once a
+    second) as many entries as the worker has free slots: every entry of a worker whose
+    registration is older than the lease, and entries whose lease lapsed.
+
+    No store error ends the worker: an unreachable store, lost keys or lost consumer
+    groups (FLUSHDB, a restart without persistence), LOADING or READONLY are logged, waited
+    out with back-off, and what is missing is recreated by the store.
     """
 
     def __init__(
@@ -91,19 +105,21 @@ class Worker:
         settings: Settings,
         *,
         worker_id: str | None = None,
-        webhooks: WebhookSender | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
-        self.webhooks = webhooks
         self.settings = settings
         self.worker_id = worker_id or f"{settings.node_id}-w"
         self._picker = WeightedFairPicker(settings.priority_quotas)
         self._slots = asyncio.Semaphore(settings.worker_max_tasks)
         self._in_flight: dict[str, _InFlight] = {}
-        self._side_jobs: set[asyncio.Task[None]] = set()
         self._stopping = asyncio.Event()
-        self._last_reclaim = 0.0
+        self._reclaim_every_s = min(settings.heartbeat_interval_s, 1.0)
+        self._last_reclaim = -math.inf
+        #: set by a store error: the first call that works again does not take over
+        self._store_was_away = False
+        #: the last takeover filled every free slot: there may be more to take at once
+        self._more_to_take = False
 
     # --- lifecycle --------------------------------------------------------------------
     def stop(self) -> None:
@@ -116,152 +132,192 @@ class Worker:
 
     async def run(self, *, burst: bool = False) -> None:
         """Run until :meth:`stop` (or, with ``burst``, until no task is left to claim)."""
-        heartbeat = asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat")
+        if not await self._register():
+            return  # stopped while waiting for the store
+        watchers = [
+            asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"),
+            asyncio.create_task(self._cancel_loop(), name=f"{self.worker_id}-cancels"),
+        ]
         try:
             await self._claim_loop(burst=burst)
         finally:
             await self._drain()
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
+            await cancel_and_wait(watchers)
             with contextlib.suppress(RecoverableError):
                 await self.store.unregister_worker(self.worker_id)
 
+    async def _register(self) -> bool:
+        """Register before the first claim (other workers take over the entries of a
+        consumer that is not registered); False if stopped while the store is away."""
+        delay_s = _BACKOFF_MIN_S
+        while not self._stopping.is_set():
+            try:
+                await self.store.register_worker(self.worker_id, self.settings.lease_s)
+            except RecoverableError as e:
+                log.debug("worker %s waits for the store: %s", self.worker_id, e)
+                await self._sleep_unless_stopping(delay_s)
+                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
+            else:
+                return True
+        return False
+
     async def _claim_loop(self, *, burst: bool) -> None:
-        backoff_s = 0.05
+        backoff_s = _BACKOFF_MIN_S
         while not self._stopping.is_set():
             await self._slots.acquire()
+            held = 1
+            while not self._slots.locked():  # every free slot: a takeover may fill them all
+                await self._slots.acquire()
+                held += 1
             try:
-                claim = await self._next_claim()
-            except StoreUnavailable as e:
-                self._slots.release()
+                claims = await self._next_claims(held)
+            except RecoverableError as e:
+                for _ in range(held):
+                    self._slots.release()
+                self._store_was_away = True
                 log.warning("store unavailable, retrying in %.2fs: %s", backoff_s, e)
                 await self._sleep_unless_stopping(backoff_s)
                 backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
                 continue
             except BaseException:
-                self._slots.release()
+                for _ in range(held):
+                    self._slots.release()
                 raise
-            backoff_s = 0.05
-            if claim is None:
+            backoff_s = _BACKOFF_MIN_S
+            started = sum(self._start_job(claim) for claim in claims)
+            for _ in range(held - started):
                 self._slots.release()
-                if burst and not self._in_flight:
-                    return
-                continue
-            self._start_job(claim)
+            if not claims and burst and not self._in_flight:
+                return
 
-    async def _next_claim(self) -> Claim | None:
+    async def _next_claims(self, room: int) -> list[Claim]:
+        """Entries taken over from dead or lapsed workers (up to ``room``), else one new.
+
+        While a takeover fills every free slot, the next free slots go to the rest of it
+        before any new entry (a busy worker frees one slot at a time). After a store
+        outage no takeover for one heartbeat interval: every worker's registration and
+        leases may have lapsed meanwhile, and the live ones renew them within that time
+        (their heartbeat retries sooner after a failure).
+        """
         now = time.monotonic()
-        if now - self._last_reclaim >= self.settings.lease_s / 2:
+        if self._store_was_away:
+            self._store_was_away = False
+            self._more_to_take = False
+            self._last_reclaim = now + self.settings.heartbeat_interval_s - self._reclaim_every_s
+        if self._more_to_take or now - self._last_reclaim >= self._reclaim_every_s:
             self._last_reclaim = now
-            reclaimed = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=1)
-            if reclaimed:
-                return reclaimed[0]
-        return await self.store.claim(
+            taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
+            self._more_to_take = len(taken) == room
+            if taken:
+                metrics.TASKS_RECLAIMED.inc(len(taken))
+                log.info("worker %s took over %d task(s)", self.worker_id, len(taken))
+                return taken
+        claim = await self.store.claim(
             self.worker_id, self._picker.order(), self.settings.claim_block_ms
         )
+        return [] if claim is None else [claim]
 
-    def _start_job(self, claim: Claim) -> None:
+    def _start_job(self, claim: Claim) -> bool:
+        """Start running ``claim``; False when it already runs here (its own lapsed lease,
+        taken back: the run goes on)."""
+        if claim.receipt in self._in_flight:
+            return False
         flight = _InFlight(claim=claim)
         flight.job = asyncio.create_task(self._run_claim(flight), name=f"task-{claim.task_id}")
         self._in_flight[claim.receipt] = flight
 
         def finished(t: asyncio.Task[None]) -> None:
             self._in_flight.pop(claim.receipt, None)
-            self._free_slot(flight)
+            self._slots.release()
             if not t.cancelled() and t.exception() is not None:
                 log.error("task %s: unexpected error", claim.task_id, exc_info=t.exception())
 
         flight.job.add_done_callback(finished)
-
-    def _free_slot(self, flight: _InFlight) -> None:
-        if flight.holds_slot:
-            flight.holds_slot = False
-            self._slots.release()
-
-    def spawn_delivery(self, task_id: str, event: str) -> None:
-        """Send a non-terminal webhook in the background (owned; cancelled at shutdown)."""
-        if self.webhooks is None:
-            return
-        job = asyncio.create_task(self.webhooks.deliver(task_id, event))
-        self._side_jobs.add(job)
-        job.add_done_callback(self._side_jobs.discard)
+        return True
 
     async def _drain(self) -> None:
         jobs = [f.job for f in self._in_flight.values() if f.job is not None]
-        jobs += self._side_jobs
         if not jobs:
             return
         _, still = await asyncio.wait(jobs, timeout=self.settings.shutdown_grace_s)
-        for job in still:
-            job.cancel()
-        await asyncio.gather(*still, return_exceptions=True)
+        await cancel_and_wait(still)
 
     async def _sleep_unless_stopping(self, delay_s: float) -> None:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
     async def _heartbeat_loop(self) -> None:
-        """Keep this worker visible, renew leases and notice cancels of running tasks."""
-        interval = min(self.settings.heartbeat_interval_s, 1.0)
-        last_renew = 0.0
+        """Keep this worker registered and renew the leases of its running tasks."""
+        delay_s = self.settings.heartbeat_interval_s
         while True:
+            await asyncio.sleep(delay_s)
             try:
-                now = time.monotonic()
-                if now - last_renew >= self.settings.heartbeat_interval_s:
-                    last_renew = now
-                    await self.store.register_worker(self.worker_id, self.settings.lease_s)
-                    claims = [f.claim for f in self._in_flight.values()]
-                    if claims:
-                        await self.store.renew(self.worker_id, claims)
-                await self._notice_cancels()
+                await self.store.register_worker(self.worker_id, self.settings.lease_s)
+                claims = [f.claim for f in self._in_flight.values()]
+                if claims:
+                    await self.store.renew(self.worker_id, claims)
             except RecoverableError as e:
                 log.warning("heartbeat: %s", e)
-            await asyncio.sleep(interval)
+                delay_s = min(self.settings.heartbeat_interval_s, _BACKOFF_MAX_S)
+            else:
+                delay_s = self.settings.heartbeat_interval_s
 
-    async def _notice_cancels(self) -> None:
-        for flight in list(self._in_flight.values()):
-            if flight.run is None or flight.run.done():
+    async def _cancel_loop(self) -> None:
+        """Stop the runs of tasks the client cancels, told by the store's cancel notices
+        (no polling of the running tasks)."""
+        cursor: str | None = None
+        delay_s = _BACKOFF_MIN_S
+        while True:
+            try:
+                cursor, task_ids = await self.store.read_notices(
+                    Notice.cancel, cursor, _NOTICE_BLOCK_MS
+                )
+            except RecoverableError as e:  # the claim loop reports store outages
+                log.debug("cancel notices: %s", e)
+                await asyncio.sleep(delay_s)
+                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
                 continue
-            task = await self.store.get_task(flight.claim.task_id)
-            if task is not None and task.status == TaskStatus.cancelled:
-                flight.run.cancel()
+            delay_s = _BACKOFF_MIN_S
+            for flight in self._in_flight.values():
+                if flight.claim.task_id in task_ids:
+                    flight.cancelled = True
+                    if flight.run is not None:
+                        flight.run.cancel()
 
     # --- one task ---------------------------------------------------------------------
     async def _run_claim(self, flight: _InFlight) -> None:
-        """Run the task, then send its terminal webhook, then acknowledge the entry.
+        """Run the task, then acknowledge its queue entry.
 
-        The entry stays claimed (its lease renewed) until the webhook is delivered or
-        given up, so a crash at any point leads to a reclaim that resumes the work. A
-        client cancel stops only the run (the webhook still goes out); a shutdown stops
-        both and releases the entry for another worker.
+        The entry stays claimed (its lease renewed) while the task runs, so a crash leads
+        to a takeover that resumes the work. Webhooks are not sent here: the task's
+        terminal write put them in the outbox. A client cancel stops the run (the cancel
+        wrote the end state); a shutdown releases the entry for another worker.
         """
         claim = flight.claim
         finished = False
-        run = TaskRun(self, claim)
         try:
-            flight.run = asyncio.create_task(run.run(), name=f"run-{claim.task_id}")
+            flight.run = asyncio.create_task(
+                TaskRun(self, claim).run(), name=f"run-{claim.task_id}"
+            )
+            if flight.cancelled:
+                flight.run.cancel()
             try:
                 finished = await flight.run
             except asyncio.CancelledError:
                 job = asyncio.current_task()
                 if job is not None and job.cancelling():
                     raise  # shutdown
-                finished = True  # the cancel watch stopped a task the client cancelled
+                finished = True  # stopped by the cancel notice of a cancelled task
             except EngineDeadError as e:
                 # the task is not at fault: release it for a worker whose engine works
                 log.error("task %s released: %s; this worker stops claiming", claim.task_id, e)
                 self.stop()
-                return
-            self._free_slot(flight)
-            if finished and run.has_callback and self.webhooks is not None:
-                task = await self.store.get_task(claim.task_id)
-                if task is not None and is_terminal(task.status):
-                    await self.webhooks.deliver(task.id, terminal_event(task.status))
         except asyncio.CancelledError:
             task = await _quiet(self.store.get_task(claim.task_id))
-            finished = task is None or (is_terminal(task.status) and not run.has_callback)
+            finished = task is None or is_terminal(task.status)
             raise
+        except RecoverableError as e:  # the store stayed away for a lease: give it up
+            log.warning("task %s: given up for another worker: %s", claim.task_id, e)
         finally:
             if finished:
                 await _quiet(asyncio.shield(self.store.ack(claim)))
@@ -294,11 +350,9 @@ class TaskRun:
         self.strategy: Strategy
         #: tokens spent outside the samples (the clarifying question)
         self._extra = Tokens()
-
-    @property
-    def has_callback(self) -> bool:
-        task: Task | None = getattr(self, "task", None)
-        return task is not None and task.callback is not None
+        self._deltas = DeltaPublisher(
+            self.store, claim.task_id, self.settings.delta_interval_ms / 1000
+        )
 
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
@@ -308,7 +362,7 @@ class TaskRun:
         self.task = task
         self._stored = (task.status, task.attempts)
         if is_terminal(task.status):
-            return True  # cancelled while pending, or reclaimed before its webhook went out
+            return True  # cancelled while pending, or its worker died before the ack
         try:
             self.strategy = create_strategy(task, self.settings)
             if task.attempts >= self.settings.max_deliveries:
@@ -328,6 +382,8 @@ class TaskRun:
         except Exception as e:  # an unexpected bug must still end the task
             log.exception("task %s failed unexpectedly", self.task.id)
             await asyncio.shield(self._finish_failed("internal", f"worker error: {e}"))
+        finally:
+            await self._deltas.idle()
         return True
 
     async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
@@ -337,6 +393,7 @@ class TaskRun:
         abandoned), or a webhook delivery recording its attempt on the running task: then
         the stored delivery records are kept and the write is tried again.
         """
+        await self._deltas.idle()  # a delta in flight lands before the events below
         for _ in range(_SAVE_RETRIES):
             if await self._through_outage(lambda: self.store.update_task(self.task, events)):
                 self._stored = (self.task.status, self.task.attempts)
@@ -411,7 +468,6 @@ class TaskRun:
                 if not done:
                     break
                 events = self._collect(jobs)
-                first_preliminary = task.preliminary is None
                 events += await self._preliminary()
                 if (await self._off_loop(strategy.stop)).stop:
                     events += self._collect(jobs)  # samples that ended meanwhile still count
@@ -429,14 +485,6 @@ class TaskRun:
                     launch(wave - len(jobs))
                 self._count()
                 await self._save(events)
-                # the first preliminary answer goes out as a webhook; later ones (each
-                # change of the leader) only as events
-                if (
-                    task.callback is not None
-                    and first_preliminary
-                    and any(e[0] == "preliminary" for e in events)
-                ):
-                    self.worker.spawn_delivery(task.id, "task.preliminary")
         finally:
             await self._end_jobs(jobs)
             await asyncio.gather(*stopped, return_exceptions=True)
@@ -503,6 +551,7 @@ class TaskRun:
             priority=self.strategy.priority(sample),
             task_id=task.id,
             timeout_s=task.sample_timeout_s,
+            on_text=self._deltas.writer(sample.index),
         )
         self._rows[sample.index] = request
         started = time.monotonic()
@@ -529,6 +578,7 @@ class TaskRun:
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
+            self._deltas.end(sample.index)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
         metrics.SAMPLE_LATENCY.observe(latency)

@@ -197,8 +197,49 @@ async def test_sse_errors(settings: Settings) -> None:
             r = await a.get("/v1/tasks/1764412800123-nope-1/events")
             assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
             r = await a.get(f"/v1/tasks/{task['id']}/events", headers={"Last-Event-ID": "9" * 80})
-            assert r.status_code == 422 and "Last-Event-ID" in r.json()["error"]["message"]
+            assert r.status_code == 400 and "Last-Event-ID" in r.json()["error"]["message"]
+            assert r.json()["error"]["code"] == "invalid"
             check_story(await read_stream(a, task["id"]), samples=3)
+
+
+@pytest.mark.parametrize("bad", ["abc", "1-2-3", "-1", "5 6", "5.0", "1764412800123-x", "9" * 21])
+async def test_a_malformed_last_event_id_is_400(client: httpx.AsyncClient, bad: str) -> None:
+    task = (await client.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
+    url = f"/v1/tasks/{task['id']}/events"
+    for r in (
+        await client.get(url, headers={"Last-Event-ID": bad}),
+        await client.get(url, params={"last_event_id": bad}),
+    ):
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["code"] == "invalid"
+        assert "Last-Event-ID" in r.json()["error"]["message"]
+
+
+def _one_past(event_id: str) -> str:
+    """The id after ``event_id`` in the store's own form (a row id, or a stream id)."""
+    first, dash, second = event_id.partition("-")
+    return f"{first}-{int(second) + 1}" if dash else str(int(first) + 1)
+
+
+@pytest.mark.parametrize("beyond", [_one_past, lambda _: "99999999999999999999"])
+async def test_an_id_past_the_end_of_a_running_task_waits_for_the_next_event(
+    settings: Settings, beyond: Any
+) -> None:
+    slow = settings.model_copy(update={"batch_max_size": 1})
+    async with LiveServer(slow, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
+        # each sample takes 300 ms: nothing new is written while the client reconnects
+        body = {"prompt": "[[answers: 1, 2, 1]] [[sleep_ms: 300]]", "early_stop": False}
+        task = (await c.post("/v1/tasks", json=body)).json()
+        async with c.stream("GET", f"/v1/tasks/{task['id']}/events") as r:
+            async for item in sse_events(r):
+                if not isinstance(item, str) and item[2].get("status") == "running":
+                    last_id = item[0]
+                    break
+        rest = await read_stream(c, task["id"], {"Last-Event-ID": beyond(last_id)})
+        everything = await read_stream(c, task["id"])
+    assert rest[-1][1] == "result" and rest[-1][2]["status"] == "done"
+    after = [event_id for event_id, _, _ in everything].index(last_id) + 1
+    assert rest == everything[after:]  # every later event, in order, none skipped
 
 
 # --- WebSocket ------------------------------------------------------------------------
@@ -245,6 +286,11 @@ async def test_websocket_refuses_unknown_tasks_and_bad_keys(settings: Settings) 
         with pytest.raises(InvalidStatus) as info:
             await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws")
         assert info.value.response.status_code == 401
+        assert info.value.response.headers["www-authenticate"] == "Bearer"
+        with pytest.raises(InvalidStatus) as info:
+            await ws_events(base + "/v1/tasks/1764412800123-nope-1/ws?last_event_id=abc",
+                            additional_headers={"Authorization": "Bearer pk_a"})  # fmt: skip
+        assert info.value.response.status_code == 400
 
 
 async def test_websocket_client_leaving_early_is_fine(

@@ -259,3 +259,26 @@ async def test_rate_limit_in_openai_shape(settings: Settings) -> None:
         body: Any = info.value.body
         assert body["code"] == "rate_limited" and body["type"] == "rate_limit_error"
         assert int(info.value.response.headers["retry-after"]) >= 1
+
+
+async def test_the_openai_route_keeps_its_own_leniency(
+    sdk: AsyncOpenAI, client: httpx.AsyncClient
+) -> None:
+    """/v1/tasks is strict; the OpenAI route ignores what it does not read, as SDKs expect."""
+    completion = await sdk.chat.completions.create(
+        model="ponder-fast",
+        messages=[{"role": "user", "content": "[[answers: 4]]", "name": "ann"}],
+        max_tokens=32,
+        user="u-1",
+        seed=7,
+        extra_body={"logit_bias": {}, "something_new": True},
+    )
+    assert extra(completion)["answer"] == "4"
+    task = (await client.get(f"/v1/tasks/{extra(completion)['task_id']}")).json()
+    assert task["messages"][-1] == {"role": "user", "content": "[[answers: 4]]", "name": "ann"}
+    assert task["max_new_tokens"] == 32
+    # its errors keep OpenAI's shape, with the parameter named
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        await sdk.chat.completions.create(model="ponder", messages=ask("x"), temperature=5)
+    body: Any = info.value.body
+    assert body["type"] == "invalid_request_error" and body["param"] == "temperature"

@@ -75,6 +75,30 @@ async def test_messages_input(client: httpx.AsyncClient) -> None:
         ({"prompt": "a", "metadata": [1, 2]}, "metadata"),
         ({"messages": [{"role": "wizard", "content": "x"}]}, "role"),
         ({"prompt": 5}, "prompt"),
+        # strict input: unknown fields are named, with the field meant when one is close
+        ({"prompt": "a", "max_tokens": 5}, "field `max_tokens` (did you mean `max_new_tokens`?)"),
+        ({"prompt": "a", "n": 2}, "unknown field `n` (did you mean `samples`?)"),
+        ({"prompt": "a", "model": "x", "zzz": 1}, "fields `model` (did you mean `mode`?), `zzz`"),
+        (
+            {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
+            "messages.0: unknown field `tool_calls`",
+        ),
+        # no coercion: a bool is not an integer, a string is not a number
+        ({"prompt": "a", "priority": True}, "priority: Input should be a valid integer"),
+        ({"prompt": "a", "priority": "3"}, "priority: Input should be a valid integer"),
+        ({"prompt": "a", "priority": 3.0}, "priority: Input should be a valid integer"),
+        ({"prompt": "a", "samples": "2"}, "samples"),
+        ({"prompt": "a", "temperature": "0.5"}, "temperature: Input should be a valid number"),
+        ({"prompt": "a", "timeout_s": False}, "timeout_s"),
+        ({"prompt": "a", "early_stop": "yes"}, "early_stop: Input should be a valid boolean"),
+        ({"prompt": "a", "early_stop": 1}, "early_stop"),
+        ({"prompt": "a", "stop": "x"}, "stop"),
+        ({"prompt": "a", "samples": 10**40}, "samples: " + str(10**40) + " is over"),
+        # blank prompts, and callback URLs that no receiver can be at
+        ({"prompt": " \n\t "}, "prompt: the prompt is blank"),
+        ({"prompt": "a", "callback_url": "http://example.com:0/hook"}, "callback_url: port 0"),
+        ({"prompt": "a", "callback_url": "https://user:pw@example.com/h"}, "user name or password"),
+        ({"prompt": "a", "callback_url": "https://token@example.com/h"}, "user name or password"),
     ],
 )
 async def test_invalid_requests_change_nothing(
@@ -84,6 +108,60 @@ async def test_invalid_requests_change_nothing(
     assert field in error["error"]["message"]
     listing = (await client.get("/v1/tasks")).json()
     assert listing["data"] == []
+
+
+@pytest.mark.parametrize(
+    ("body", "fragment"),
+    [
+        (b'{"prompt": "a", "metadata": {"score": NaN}}', "metadata: `score` is NaN or Infinity"),
+        (b'{"prompt": "a", "metadata": {"a": [0, {"b": -Infinity}]}}', "metadata: `a[1].b`"),
+        (b'{"prompt": "a", "temperature": Infinity}', "temperature: Input should be a finite"),
+        (b'{"prompt": "a", "timeout_s": 1e999}', "timeout_s: Input should be a finite number"),
+        (b'{"prompt": "a", "samples": 1' + b"0" * 5000 + b"}", "a number of 5001 digits"),
+        (b'{"prompt": "a", "metadata": {"n": -' + b"9" * 101 + b"}}", "a number of 101 digits"),
+    ],
+)
+async def test_non_finite_and_oversized_numbers_are_422(
+    client: httpx.AsyncClient, body: bytes, fragment: str
+) -> None:
+    response = await client.post(
+        "/v1/tasks", content=body, headers={"content-type": "application/json"}
+    )
+    assert fragment in assert_error(response, 422, "invalid")["error"]["message"]
+    assert (await client.get("/v1/tasks")).json()["data"] == []
+
+
+async def test_strict_input_accepts_what_the_contract_allows(client: httpx.AsyncClient) -> None:
+    body = {
+        "prompt": "Pick [[answers: 1]]",
+        "mode": "fast",
+        "task_type": "math",
+        "priority": 0,
+        "temperature": 1,  # an integer is a number
+        "timeout_s": 30,
+        "max_new_tokens": 64,
+        "early_stop": False,
+        "stop": ["\n\n"],
+        "metadata": {"big": 10**99, "nested": [1.5, {"ok": None}]},
+        "messages": None,
+    }
+    response = await client.post("/v1/tasks", json=body)
+    assert response.status_code == 202, response.text
+    assert response.json()["metadata"] == body["metadata"]
+    assert response.json()["temperature"] == 1.0
+
+
+@pytest.mark.parametrize(
+    "content_type", ["application/x-www-form-urlencoded", "text/plain", "multipart/form-data", None]
+)
+async def test_a_body_not_sent_as_json_is_415(
+    client: httpx.AsyncClient, content_type: str | None
+) -> None:
+    headers = {"content-type": content_type} if content_type else {}
+    response = await client.post("/v1/tasks", content=b'{"prompt": "x"}', headers=headers)
+    body = assert_error(response, 415, "unsupported_media_type")
+    assert "Content-Type: application/json" in body["error"]["message"]
+    assert (await client.get("/v1/tasks")).json()["data"] == []
 
 
 async def test_malformed_json_is_400(client: httpx.AsyncClient) -> None:
@@ -218,8 +296,12 @@ async def test_auth_and_isolation(settings: Settings) -> None:
         anon = httpx.AsyncClient(base_url=live.url)
         wrong = httpx.AsyncClient(base_url=live.url, headers={"Authorization": "Bearer nope"})
         async with alice, bob, anon, wrong:
-            assert_error(await anon.post("/v1/tasks", json={"prompt": "x"}), 401, "unauthorized")
-            assert_error(await wrong.get("/v1/tasks"), 401, "unauthorized")
+            missing = await anon.post("/v1/tasks", json={"prompt": "x"})
+            assert_error(missing, 401, "unauthorized")
+            assert missing.headers["www-authenticate"] == "Bearer"
+            invalid = await wrong.get("/v1/tasks")
+            assert_error(invalid, 401, "unauthorized")
+            assert invalid.headers["www-authenticate"] == 'Bearer error="invalid_token"'
             task = (await alice.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
             assert_error(await bob.get(f"/v1/tasks/{task['id']}"), 404, "not_found")
             assert_error(await bob.delete(f"/v1/tasks/{task['id']}"), 404, "not_found")

@@ -136,8 +136,10 @@ async def test_sleep_ms_delays_only_its_own_row() -> None:
 async def test_a_short_row_beside_a_long_one_ends_first() -> None:
     engine = ScriptedEngine(step_ms=(2, 0))
     try:
-        long = asyncio.create_task(engine.submit(req("[[tokens: 400]]", max_new_tokens=1000)))
-        await asyncio.sleep(0.05)
+        running = asyncio.Event()
+        first = req("[[tokens: 400]]", max_new_tokens=1000, on_text=lambda _: running.set())
+        long = asyncio.create_task(engine.submit(first))
+        await asyncio.wait_for(running.wait(), 5)
         short = asyncio.create_task(engine.submit(req("[[tokens: 4]]")))
         done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
         assert done == {short}
@@ -150,9 +152,10 @@ async def test_a_short_row_beside_a_long_one_ends_first() -> None:
 async def test_a_cancelled_row_frees_its_slot_within_one_step() -> None:
     engine = ScriptedEngine(step_ms=(5, 0), max_rows=1)
     try:
-        first = req("[[tokens: 10000]]", max_new_tokens=10000)
+        started = asyncio.Event()
+        first = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: started.set())
         running = asyncio.create_task(engine.submit(first))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(started.wait(), 5)
         waiting = asyncio.create_task(engine.submit(req("[[tokens: 1]]")))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # no slot
@@ -174,9 +177,10 @@ async def test_a_priority_0_flood_does_not_starve_priority_5() -> None:
         order.append(priority)
 
     try:
-        blocker = req("[[tokens: 10000]]", max_new_tokens=10000)
+        started = asyncio.Event()
+        blocker = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: started.set())
         blocking = asyncio.create_task(engine.submit(blocker))
-        await asyncio.sleep(0.05)
+        await asyncio.wait_for(started.wait(), 5)
         jobs = [asyncio.create_task(one(0)) for _ in range(60)]
         jobs += [asyncio.create_task(one(5)) for _ in range(5)]
         await asyncio.wait_for(asyncio.gather(*jobs), 20)

@@ -8,10 +8,11 @@ from typing import Any
 
 import pytest
 
+from ponder.config import Settings
 from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.ids import IdGenerator
-from ponder.store import Claim, TaskStore
-from ponder.types import Task, TaskStatus
+from ponder.store import Claim, Notice, OutboxEntry, TaskStore
+from ponder.types import CallbackInfo, Task, TaskStatus
 
 ALL = [0, 1, 2, 3, 4, 5]
 _ids = IdGenerator("test1")
@@ -205,7 +206,14 @@ async def test_ack_removes_the_entry_for_good(store: TaskStore) -> None:
     assert await store.reclaim("w2", 0.01) == []
 
 
+async def live(store: TaskStore, *workers: str) -> None:
+    """Register ``workers`` as alive: reclaim takes a dead consumer's entries at once."""
+    for worker in workers:
+        await store.register_worker(worker, 30)
+
+
 async def test_an_idle_lease_is_reclaimed_and_renew_prevents_it(store: TaskStore) -> None:
+    await live(store, "a", "b", "c")
     task = await add(store, 1)
     claim = await store.claim("a", ALL, 0)
     assert claim is not None
@@ -224,6 +232,7 @@ async def test_an_idle_lease_is_reclaimed_and_renew_prevents_it(store: TaskStore
 
 
 async def test_renew_does_not_take_back_a_reclaimed_entry(store: TaskStore) -> None:
+    await live(store, "a", "b", "c")
     await add(store)
     claim = await store.claim("a", ALL, 0)
     assert claim is not None
@@ -235,6 +244,7 @@ async def test_renew_does_not_take_back_a_reclaimed_entry(store: TaskStore) -> N
 
 
 async def test_reclaim_respects_the_limit(store: TaskStore) -> None:
+    await live(store, "a", "b")
     for p in (5, 0, 3):
         await add(store, p)
     for _ in range(3):
@@ -243,6 +253,33 @@ async def test_reclaim_respects_the_limit(store: TaskStore) -> None:
     first = await store.reclaim("b", 0.05, limit=2)
     assert [c.priority for c in first] == [0, 3]
     assert [c.priority for c in await store.reclaim("b", 0.05, limit=2)] == [5]
+
+
+async def test_a_dead_workers_entries_are_taken_over_at_once(store: TaskStore) -> None:
+    """No waiting for each entry's lease: a consumer whose registration has lapsed (or
+    that never registered) is dead, and one call takes what the caller has room for."""
+    await live(store, "b")
+    await store.register_worker("a", 0.2)
+    tasks = [await add(store, p) for p in (4, 0, 2, 2, 5)]
+    claims = [await store.claim("a", ALL, 0) for _ in tasks]
+    await store.claim("ghost", ALL, 0)  # nothing left; "ghost" never registered
+    assert await store.reclaim("b", 60, limit=5) == []  # "a" is alive: leases are young
+    await let_time_pass(0.3)  # a's registration lapses (a SIGKILLed worker stops renewing it)
+    taken = await store.reclaim("b", 60, limit=3)
+    assert [c.priority for c in taken] == [0, 2, 2]  # most urgent first, up to the limit
+    rest = await store.reclaim("b", 60, limit=10)
+    assert sorted(c.task_id for c in taken + rest) == sorted(c.task_id for c in claims if c)
+    assert await store.reclaim("b", 60, limit=10) == []
+    assert all(t.status is TaskStatus.pending for t in tasks)  # the queue alone changed
+
+
+async def test_reclaim_never_takes_over_the_callers_own_entries_at_once(store: TaskStore) -> None:
+    await add(store)
+    mine = await store.claim("b", ALL, 0)  # "b" is not registered: dead to others only
+    assert mine is not None
+    assert await store.reclaim("b", 60) == []
+    await live(store, "c")
+    assert [c.receipt for c in await store.reclaim("c", 60)] == [mine.receipt]
 
 
 async def test_release_makes_the_entry_claimable_at_once(store: TaskStore) -> None:
@@ -368,3 +405,145 @@ async def test_live_workers_counts_registered_unexpired_workers(store: TaskStore
     await store.unregister_worker("w1")
     assert await store.live_workers() == 1
     assert await store.ping()
+
+
+# --- notices ------------------------------------------------------------------------------
+async def test_a_cancel_posts_a_notice_once(store: TaskStore) -> None:
+    cursor, seen = await store.read_notices(Notice.cancel, None, 0)
+    assert seen == []
+    kept, cancelled = await add(store), await add(store)
+    await advance(store, kept, TaskStatus.running)
+    await advance(store, cancelled, TaskStatus.cancelled)
+    await advance(store, cancelled, TaskStatus.cancelled)  # a rewrite of a cancelled task
+    cursor, seen = await store.read_notices(Notice.cancel, cursor, 0)
+    assert seen == [cancelled.id]
+    assert await store.read_notices(Notice.cancel, cursor, 0) == (cursor, [])
+
+
+async def test_a_blocked_reader_wakes_on_a_notice(store: TaskStore) -> None:
+    task = await add(store)
+    cursor, _ = await store.read_notices(Notice.cancel, None, 0)
+    started = time.monotonic()
+    assert await store.read_notices(Notice.cancel, cursor, 300) == (cursor, [])
+    assert time.monotonic() - started >= 0.25
+    reader = asyncio.create_task(store.read_notices(Notice.cancel, cursor, 10_000))
+    with pytest.raises(TimeoutError):  # waiting, not returning early
+        await asyncio.wait_for(asyncio.shield(reader), 0.3)
+    await advance(store, task, TaskStatus.cancelled)
+    after, seen = await asyncio.wait_for(reader, 5)
+    assert seen == [task.id] and after != cursor
+
+
+# --- webhook outbox -----------------------------------------------------------------------
+HOOK = "http://127.0.0.1:9/hook"
+
+
+def with_callback(url: str = HOOK) -> Task:
+    return Task(id=_ids.new_id(), prompt="x", callback=CallbackInfo(url=url))
+
+
+async def claim_all(store: TaskStore, consumer: str = "d", **kw: Any) -> list[OutboxEntry]:
+    entries, _ = await store.claim_deliveries(
+        consumer, kw.pop("limit", 100), kw.pop("lease_s", 30), host_room={}, per_host=100, **kw
+    )
+    return entries
+
+
+async def test_the_terminal_write_adds_the_webhook_once_ever(store: TaskStore) -> None:
+    cursor, _ = await store.read_notices(Notice.outbox, None, 0)
+    task, _ = await store.create_task(with_callback(), max_pending=10)
+    plain = await add(store)
+    await advance(store, task, TaskStatus.running)
+    await advance(store, plain, TaskStatus.running)
+    assert await store.outbox_depth() == 0
+    task.status = TaskStatus.running
+    assert await store.update_task(task, [("preliminary", {"answer": "4"})])
+    await advance(store, task, TaskStatus.done)
+    await advance(store, plain, TaskStatus.done)  # no callback: nothing to send
+    await advance(store, task, TaskStatus.done)  # a delivery record written later: no more
+    assert await store.outbox_depth() == 2
+    entries = await claim_all(store)
+    assert sorted((e.event, e.webhook_id, e.task_id, e.url, e.attempts) for e in entries) == [
+        ("task.completed", f"msg_{task.id}_task.completed", task.id, HOOK, 0),
+        ("task.preliminary", f"msg_{task.id}_task.preliminary", task.id, HOOK, 0),
+    ]
+    _, posted = await store.read_notices(Notice.outbox, cursor, 0)
+    assert posted  # delivery loops were woken
+    for entry in entries:
+        await store.finish_delivery(entry.webhook_id)
+    # sent: a later preliminary answer, a rewrite of the end, the same ids again add nothing
+    assert await store.update_task(task, [("preliminary", {"answer": "5"})])
+    await store.enqueue_deliveries(entries)
+    assert await store.outbox_depth() == 0
+
+
+async def test_a_cancel_adds_its_webhook(store: TaskStore) -> None:
+    task, _ = await store.create_task(with_callback(), max_pending=10)
+    await advance(store, task, TaskStatus.cancelled)
+    (entry,) = await claim_all(store)
+    assert entry.event == "task.cancelled"
+
+
+async def test_deliveries_are_leased_rescheduled_and_finished(store: TaskStore) -> None:
+    await store.enqueue_deliveries(
+        [OutboxEntry(webhook_id=f"msg_{i}", event="e", url=HOOK, body={"i": i}) for i in range(3)]
+    )
+    await store.enqueue_deliveries([OutboxEntry(webhook_id="msg_0", event="e", url=HOOK, body={})])
+    assert await store.outbox_depth() == 3  # an id already queued is left as it was
+    first, wait_s = await store.claim_deliveries("a", 2, 0.3, host_room={}, per_host=10)
+    assert [e.webhook_id for e in first] == ["msg_0", "msg_1"] and first[0].body == {"i": 0}
+    assert wait_s is not None and wait_s <= 0  # msg_2 is due still
+    assert [e.webhook_id for e in await claim_all(store, "b")] == ["msg_2"]
+    assert await claim_all(store, "b") == []  # all three are leased
+    # a failed attempt: stored with its count, due again after the delay
+    first[0].attempts = 1
+    assert await store.retry_delivery("a", first[0], 60)
+    assert not await store.retry_delivery("b", first[1], 0)  # "b" does not hold it
+    await store.finish_delivery("msg_2")
+    await let_time_pass(0.4)  # a's lease of msg_1 lapses: another loop may take it
+    (again,) = await claim_all(store, "b")
+    assert again.webhook_id == "msg_1" and again.attempts == 0
+    assert not await store.retry_delivery("a", first[1], 0)  # taken over: a's word is void
+    await store.finish_delivery("msg_1")
+    entries, wait_s = await store.claim_deliveries("c", 10, 30, host_room={}, per_host=10)
+    assert entries == [] and wait_s is not None and 50 < wait_s <= 60  # msg_0's retry
+    assert await store.outbox_depth() == 1
+    await store.finish_delivery("msg_0")
+    assert await store.claim_deliveries("c", 10, 30, host_room={}, per_host=10) == ([], None)
+
+
+async def test_a_busy_host_lets_others_by(store: TaskStore) -> None:
+    busy, other = "http://10.0.0.1:80/h", "http://10.0.0.2:8080/h"
+    entries = [OutboxEntry(webhook_id=f"b{i}", event="e", url=busy, body={}) for i in range(4)]
+    entries.append(OutboxEntry(webhook_id="o", event="e", url=other, body={}))
+    await store.enqueue_deliveries(entries)
+    taken, _ = await store.claim_deliveries("a", 10, 30, host_room={"10.0.0.1:80": 1}, per_host=2)
+    assert sorted(e.webhook_id for e in taken) == ["b0", "o"]
+    assert await claim_all(store) == []  # the busy host's others wait a moment
+    await let_time_pass(1.1)
+    assert len(await claim_all(store)) == 3
+
+
+async def test_the_schedule_survives_a_restart(settings: Settings, store: TaskStore) -> None:
+    from ponder.store import create_store
+
+    await store.enqueue_deliveries(
+        [OutboxEntry(webhook_id=i, event="e", url=HOOK, body={}) for i in ("soon", "later")]
+    )
+    claimed = {e.webhook_id: e for e in await claim_all(store, "a")}
+    soon, later = claimed["soon"], claimed["later"]
+    later.attempts = 3
+    assert await store.retry_delivery("a", later, 3600)
+    soon.attempts = 1
+    assert await store.retry_delivery("a", soon, 0.2)
+    await store.close()
+    reopened = create_store(settings)
+    await reopened.start()
+    try:
+        assert await claim_all(reopened) == []
+        await let_time_pass(0.3)
+        (due,) = await claim_all(reopened)
+        assert (due.webhook_id, due.attempts) == ("soon", 1)
+        assert await reopened.outbox_depth() == 2
+    finally:
+        await reopened.close()

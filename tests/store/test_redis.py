@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import AsyncIterator
 
@@ -10,7 +11,7 @@ import redis.asyncio as aioredis
 
 from ponder.config import Settings
 from ponder.errors import StoreUnavailable
-from ponder.store.redis import RedisStore
+from ponder.store.redis import RedisStore, redacted
 from ponder.types import TaskStatus
 
 from .test_contract import ALL, add, advance
@@ -139,3 +140,55 @@ async def test_a_blocking_read_that_gets_several_levels_keeps_the_first_in_order
     monkeypatch.undo()
     rest = await store.claim("w2", ALL, 0)  # the other entry was given back, not held
     assert rest is not None and rest.task_id == low.id
+
+
+async def test_dead_consumers_leave_the_group_once_their_entries_moved(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    await store.register_worker("alive", 30)
+    await store.register_worker("taker", 30)
+    for _ in range(3):
+        await add(store, 2)
+    for consumer in ("dead", "dead", "alive"):
+        assert await store.claim(consumer, ALL, 0) is not None
+    queue = f"{key_prefix}:q:2"
+
+    async def consumers() -> dict[str, int]:
+        return {c["name"]: c["pending"] for c in await raw.xinfo_consumers(queue, "workers")}
+
+    assert await consumers() == {"dead": 2, "alive": 1}
+    assert len(await store.reclaim("taker", 60, limit=1)) == 1
+    assert await consumers() == {"dead": 1, "alive": 1, "taker": 1}  # one still to move
+    assert len(await store.reclaim("taker", 60, limit=5)) == 1
+    assert await consumers() == {"alive": 1, "taker": 2}  # the live one keeps its entry
+
+
+async def test_a_deleted_stream_unblocks_a_claim_and_comes_back(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    """DEL of a queue under a blocking XREADGROUP answers UNBLOCKED: the claim returns
+    nothing, the groups are recreated, and the next claim works."""
+    claimer = asyncio.create_task(store.claim("w", ALL, 10_000))
+    with pytest.raises(TimeoutError):
+        await asyncio.wait_for(asyncio.shield(claimer), 0.3)
+    await raw.delete(*(f"{key_prefix}:q:{p}" for p in ALL))
+    assert await asyncio.wait_for(claimer, 5) is None
+    for p in ALL:
+        assert [g["name"] for g in await raw.xinfo_groups(f"{key_prefix}:q:{p}")] == ["workers"]
+    task = await add(store)
+    claim = await store.claim("w", ALL, 1000)
+    assert claim is not None and claim.task_id == task.id
+
+
+async def test_other_redis_errors_are_store_unavailable(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    await raw.set(f"{key_prefix}:pending", "not a hash")  # WRONGTYPE on the next submit
+    with pytest.raises(StoreUnavailable, match="WRONGTYPE"):
+        await add(store)
+
+
+def test_messages_hide_the_password() -> None:
+    assert redacted("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
+    assert redacted("redis://user:s3cret@host/0") == "redis://user:***@host/0"
+    assert redacted("redis://host:6379/0") == "redis://host:6379/0"

@@ -2,24 +2,65 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
+from starlette.datastructures import State
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ponder import __version__
-from ponder.api import batches, events, files, openai_compat, ops, responses, tasks
+from ponder.aio import cancel_and_wait
+from ponder.api import (
+    batches,
+    console,
+    events,
+    files,
+    openai_compat,
+    ops,
+    overview,
+    responses,
+    tasks,
+)
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
 from ponder.config import Settings
+from ponder.errors import ConfigError
 from ponder.ids import IdGenerator
-from ponder.store import create_store
+from ponder.store import create_store, start_store
 
-__all__ = ["create_app"]
+__all__ = ["StartupErrors", "create_app"]
 
 log = logging.getLogger("ponder.api")
+
+
+class StartupErrors:
+    """Keeps a configuration error at start-up (an unknown engine, a model that is not
+    there) from becoming Starlette's traceback: the lifespan's failure message is left
+    empty and the error kept on ``app.state.startup_error``, for ``ponder serve`` to print
+    in one line. Every other error, and every other scope, passes through unchanged."""
+
+    def __init__(self, app: ASGIApp, state: State) -> None:
+        self.app = app
+        self.state = state
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "lifespan":
+            await self.app(scope, receive, send)
+            return
+
+        async def quiet(message: Message) -> None:
+            error = sys.exc_info()[1]  # Starlette reports from inside its except block
+            if message["type"] == "lifespan.startup.failed" and isinstance(error, ConfigError):
+                self.state.startup_error = error
+                message = {**message, "message": ""}
+            await send(message)
+
+        await self.app(scope, receive, quiet)
 
 
 def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
@@ -29,7 +70,6 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         store = create_store(settings)
-        await store.start()
         app.state.ponder = AppState(
             settings=settings, store=store, ids=IdGenerator(settings.node_id)
         )
@@ -39,11 +79,18 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
 
             runtime = WorkerRuntime(settings, store, workers=workers)
         app.state.runtime = runtime  # None in an API-only process
+        connecting: asyncio.Task[bool] | None = None
         try:
+            # Serve at once even if the store is away: /healthz answers 200, /readyz and
+            # the task routes 503 until it answers (worker loops wait for it themselves).
+            if not await start_store(store, attempts=1):
+                connecting = asyncio.create_task(start_store(store), name="store-start")
             if runtime is not None:
                 await runtime.start()
             yield
         finally:
+            if connecting is not None:
+                await cancel_and_wait([connecting])
             if runtime is not None:
                 await runtime.stop()
             await store.close()
@@ -61,6 +108,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         # a file upload's limit is its own, plus the multipart framing
         path_limits={"/v1/files": settings.files_max_bytes + 65_536},
     )
+    app.add_middleware(StartupErrors, state=app.state)
     app.include_router(tasks.router)
     app.include_router(events.router)
     app.include_router(openai_compat.router)
@@ -68,4 +116,6 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     app.include_router(files.router)
     app.include_router(batches.router)
     app.include_router(ops.router)
+    app.include_router(overview.router)
+    app.include_router(console.router)
     return app

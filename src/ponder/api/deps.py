@@ -38,18 +38,27 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+def _unauthorized(message: str, error: str) -> ApiError:
+    # RFC 6750: a 401 names the scheme; ``error`` is set when a key was sent
+    challenge = f'Bearer error="{error}"' if error else "Bearer"
+    return ApiError(401, "unauthorized", message, headers={"WWW-Authenticate": challenge})
+
+
 def get_owner(request: Request) -> str:
-    """The caller: the SHA-256 digest of its API key, or "" when auth is off."""
+    """The caller: the SHA-256 digest of its API key, or "" when auth is off.
+
+    A missing or wrong key is 401 ``unauthorized`` with ``WWW-Authenticate: Bearer``.
+    """
     settings = get_state(request).settings
     if not settings.api_keys:
         return ""
     header = request.headers.get("authorization", "")
     scheme, _, key = header.partition(" ")
     if scheme.lower() != "bearer" or not key.strip():
-        raise ApiError(401, "unauthorized", "send `Authorization: Bearer <api key>`")
+        raise _unauthorized("send `Authorization: Bearer <api key>`", "")
     digest = key_digest(key.strip())
     if not any(hmac.compare_digest(digest, known) for known in settings.api_keys):
-        raise ApiError(401, "unauthorized", "the API key is not valid")
+        raise _unauthorized("the API key is not valid", "invalid_token")
     return digest
 
 

@@ -11,6 +11,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from ponder.api.schemas import describe_errors
 from ponder.errors import StoreUnavailable
 
 __all__ = ["ApiError", "error_response", "install_error_handlers"]
@@ -24,6 +25,7 @@ _CODES = {
     405: "method_not_allowed",
     409: "conflict",
     413: "too_large",
+    415: "unsupported_media_type",
     422: "invalid",
     429: "rate_limited",
     503: "unavailable",
@@ -62,11 +64,6 @@ def error_response(
     )
 
 
-def _field_name(loc: tuple[Any, ...]) -> str:
-    parts = [str(p) for p in loc if p not in ("body", "query", "path", "header")]
-    return ".".join(parts) or "body"
-
-
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
@@ -77,8 +74,7 @@ def install_error_handlers(app: FastAPI) -> None:
         errors = exc.errors()
         if any(e.get("type") == "json_invalid" for e in errors):
             return error_response(400, "bad_request", "the body is not valid JSON")
-        problems = "; ".join(f"{_field_name(tuple(e['loc']))}: {e['msg']}" for e in errors[:5])
-        return error_response(422, "invalid", problems)
+        return error_response(422, "invalid", describe_errors(errors))
 
     @app.exception_handler(StarletteHTTPException)
     async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:

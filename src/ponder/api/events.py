@@ -4,8 +4,14 @@ Both follow the task's event log (``status``, ``sample``, ``preliminary``, ``res
 which the store writes atomically with each state change, so they work the same in the
 embedded store and across processes over Redis. Every event carries its log id: a
 client that reconnects with ``Last-Event-ID`` (header, or ``?last_event_id=``) gets
-exactly the events after it. A stream ends after the event that carries a terminal
-status; connecting to a finished task replays its events and ends.
+exactly the events after it; an id past the end of the log waits for the next event, and
+one that is not an event id at all is 400 ``invalid``. A stream ends after the event that
+carries a terminal status; connecting to a finished task replays its events and ends.
+
+Between those, ``delta`` events carry the text of running samples as it is generated
+(``{"index", "offset", "text"}``, at most ~10 per second per sample: see
+:mod:`ponder.deltas`); they are in the same log, so they resume like the others, and
+``?deltas=false`` leaves them out.
 
 Waiting is a blocking read of the log (``read_events(block_ms=…)``), never polling; when
 it times out the SSE stream sends a keep-alive comment. A stream holds at most one page
@@ -19,6 +25,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
@@ -30,6 +37,7 @@ from ponder.api.deps import AppState, check_rate, get_owner, get_state, rate_lim
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
+from ponder.deltas import DELTA
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_terminal
 from ponder.store.base import Event, TaskStore
@@ -48,7 +56,7 @@ _SSE_RETRY_MS = 1000
 _WS_NORMAL, _WS_ERROR = 1000, 1011
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
-    code: {"model": ErrorBody} for code in (401, 404, 422, 429, 503)
+    code: {"model": ErrorBody} for code in (400, 401, 404, 422, 429, 503)
 }
 
 
@@ -58,25 +66,34 @@ def is_final(event: Event) -> bool:
 
 
 async def follow_events(
-    store: TaskStore, task_id: str, after: str | None, *, idle_s: float
+    store: TaskStore, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
 ) -> AsyncIterator[Event | None]:
     """The task's events after ``after``, oldest first, as they are written.
 
     Yields None after each ``idle_s`` without an event (a keep-alive tick). Ends after
     the terminal event, or when the task is terminal or gone and no event follows
-    ``after`` (a client that already has everything).
+    ``after`` (a client that already has everything). Without ``deltas``, ``delta``
+    events are skipped (an interval with only those counts as idle).
     """
+    loop = asyncio.get_running_loop()
     idle_ms = max(1, int(idle_s * 1000))
     block_ms = 0  # the first read does not wait: a finished task's stream ends at once
     ended = False
+    last_yield = loop.time()
     while True:
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
         for event in events:
-            yield event
             after = event.id
+            if not deltas and event.event == DELTA:
+                continue
+            yield event
+            last_yield = loop.time()
             if is_final(event):
                 return
         if events:
+            if loop.time() - last_yield >= idle_s:
+                yield None
+                last_yield = loop.time()
             continue
         if ended:
             return
@@ -86,6 +103,7 @@ async def follow_events(
             continue
         if block_ms:
             yield None  # a whole idle interval without an event
+            last_yield = loop.time()
         block_ms = idle_ms
 
 
@@ -95,21 +113,58 @@ def format_sse(event: Event) -> bytes:
     return f"id: {event.id}\nevent: {event.event}\ndata: {data}\n\n".encode()
 
 
+#: an event id as the stores write them: a row id (SQLite) or a stream id (Redis)
+_EVENT_ID = re.compile(r"\d{1,20}(-\d{1,20})?")
+
+
+def _event_key(event_id: str) -> tuple[int, int]:
+    first, _, second = event_id.partition("-")
+    return int(first), int(second or 0)
+
+
 def _start_after(*candidates: str | None) -> str | None:
+    """The first Last-Event-ID given (header, then query); 400 ``invalid`` if malformed."""
     for value in candidates:
         if value:
-            if len(value) > _MAX_EVENT_ID:
-                raise ApiError(422, "invalid", f"Last-Event-ID: over {_MAX_EVENT_ID} characters")
+            if not _EVENT_ID.fullmatch(value):
+                raise ApiError(
+                    400,
+                    "invalid",
+                    f"Last-Event-ID: {value[:_MAX_EVENT_ID]!r} is not an event id; give the "
+                    "`id` of the last event received, or none to start from the beginning",
+                )
             return value
     return None
 
 
+async def _resume_after(store: TaskStore, task_id: str, after: str | None) -> str | None:
+    """The last event of the log at or before ``after`` (None: before the first).
+
+    Resuming there is the same as resuming after ``after``, except for an id past the end
+    of the log: the stream then waits for the next event, whatever id it gets, instead of
+    skipping every event up to that id. Read before following, so an event written
+    meanwhile (a later id) is not skipped either.
+    """
+    if after is None:
+        return None
+    limit, resume, cursor = _event_key(after), None, None
+    while True:
+        page = await store.read_events(task_id, cursor, limit=_PAGE)
+        for event in page:
+            if _event_key(event.id) > limit:
+                return resume
+            resume = event.id
+        if len(page) < _PAGE:
+            return resume
+        cursor = page[-1].id
+
+
 async def _sse_stream(
-    store: TaskStore, task_id: str, after: str | None, idle_s: float
+    store: TaskStore, task_id: str, after: str | None, idle_s: float, deltas: bool
 ) -> AsyncIterator[bytes]:
     yield f"retry: {_SSE_RETRY_MS}\n\n".encode()
     try:
-        async for event in follow_events(store, task_id, after, idle_s=idle_s):
+        async for event in follow_events(store, task_id, after, idle_s=idle_s, deltas=deltas):
             yield b": keep-alive\n\n" if event is None else format_sse(event)
     except RecoverableError as e:
         # Headers are sent: end the stream; the client resumes with Last-Event-ID.
@@ -118,6 +173,7 @@ async def _sse_stream(
 
 State = Annotated[AppState, Depends(get_state)]
 Owner = Annotated[str, Depends(get_owner)]
+Deltas = Annotated[bool, Query(description="include `delta` events (the text of running samples)")]
 
 
 @router.get(
@@ -132,16 +188,21 @@ async def task_events(
     owner: Owner,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id: Annotated[str | None, Query(description="resume after this event")] = None,
+    deltas: Deltas = True,
 ) -> StreamingResponse:
-    """Server-Sent Events of the task: ``status``, ``sample``, ``preliminary``, ``result``.
+    """Server-Sent Events of the task: ``status``, ``delta``, ``sample``, ``preliminary``,
+    ``result``.
 
     Resume with the ``Last-Event-ID`` header (or ``?last_event_id=``). The stream ends
     after the terminal event; a ``: keep-alive`` comment is sent while nothing happens.
+    ``delta`` events (``{"index", "offset", "text"}``: the text of a running sample) are
+    left out with ``?deltas=false``.
     """
     after = _start_after(last_event_id_header, last_event_id)
     await load_task(state.store, task_id, owner)
+    after = await _resume_after(state.store, task_id, after)
     return StreamingResponse(
-        _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s),
+        _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s, deltas),
         media_type="text/event-stream",
         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
     )
@@ -165,8 +226,8 @@ async def _until_disconnect(websocket: WebSocket) -> None:
 
 
 async def _ws_pump(websocket: WebSocket, store: TaskStore, task_id: str, after: str | None,
-                   idle_s: float) -> None:  # fmt: skip
-    async for event in follow_events(store, task_id, after, idle_s=idle_s):
+                   idle_s: float, deltas: bool) -> None:  # fmt: skip
+    async for event in follow_events(store, task_id, after, idle_s=idle_s, deltas=deltas):
         if event is not None:  # the protocol's own pings keep an idle connection alive
             await websocket.send_json({"event": event.event, "id": event.id, "data": event.data})
 
@@ -176,9 +237,11 @@ async def task_websocket(
     websocket: WebSocket,
     task_id: str,
     last_event_id: Annotated[str | None, Query()] = None,
+    deltas: Deltas = True,
 ) -> None:
     """The same events as JSON messages ``{"event", "id", "data"}``; closed with 1000
-    after the terminal event. Resume with ``?last_event_id=`` (or a Last-Event-ID header)."""
+    after the terminal event. Resume with ``?last_event_id=`` (or a Last-Event-ID header);
+    ``?deltas=false`` leaves out the ``delta`` events."""
     state: AppState = websocket.app.state.ponder
     try:
         # get_owner reads only the app state and the headers, which a WebSocket has too
@@ -186,8 +249,10 @@ async def task_websocket(
         await check_rate(state, owner, websocket.client.host if websocket.client else None)
         after = _start_after(websocket.headers.get("last-event-id"), last_event_id)
         await load_task(state.store, task_id, owner)
+        after = await _resume_after(state.store, task_id, after)
     except ApiError as e:
-        await _deny(websocket, error_response(e.status, e.code, e.message), e.status, e.message)
+        denial = error_response(e.status, e.code, e.message, e.headers)
+        await _deny(websocket, denial, e.status, e.message)
         return
     except StoreUnavailable:
         message = "the task store cannot be reached; retry later"
@@ -195,7 +260,7 @@ async def task_websocket(
         return
     await websocket.accept()
     idle_s = state.settings.events_keepalive_s
-    pump = asyncio.create_task(_ws_pump(websocket, state.store, task_id, after, idle_s))
+    pump = asyncio.create_task(_ws_pump(websocket, state.store, task_id, after, idle_s, deltas))
     watch = asyncio.create_task(_until_disconnect(websocket))
     try:
         await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)

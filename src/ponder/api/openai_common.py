@@ -350,7 +350,7 @@ def failure(task: Task | None, task_id: str) -> OpenAIError | None:
 
 async def until_terminal(store: TaskStore, task_id: str, idle_s: float) -> Task | None:
     """Follow the task's events until its terminal one; the task as it ended."""
-    async for event in follow_events(store, task_id, None, idle_s=idle_s):
+    async for event in follow_events(store, task_id, None, idle_s=idle_s, deltas=False):
         if event is not None and is_final(event):
             break
     return await store.get_task(task_id)

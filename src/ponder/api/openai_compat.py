@@ -10,9 +10,19 @@ task's event log and answers in OpenAI's shape:
   fewer than ``n``, they are reused in turn).
 - ``stop`` is passed to the engine, and each choice is cut at the first stop sequence.
 - a ``ponder`` field carries the task's ``result`` (plus ``task_id`` and ``status``).
-- ``stream: true`` answers with ``chat.completion.chunk`` events: the role at once,
-  keep-alive comments while the task runs, then the content, the finish reason (and
-  the usage with ``stream_options.include_usage``), then ``data: [DONE]``.
+- ``stream: true`` answers with ``chat.completion.chunk`` events: the role at once, the
+  text of a sample as the model writes it (from the task's ``delta`` events), keep-alive
+  comments while nothing happens, then the answer, the finish reason (and the usage with
+  ``stream_options.include_usage``), then ``data: [DONE]``. Which text streams:
+
+  - a task of one sample (fast mode, ``n`` = 1): its text is ``choices[0]``'s ``content``
+    as it is written, and a last content chunk completes it to the final answer (the
+    text of a sample is its answer);
+  - several samples (standard, deep, ``n`` > 1): the vote picks the answer only at the
+    end, so the text of the *leading* sample (the first to write) streams as
+    ``choices[0].delta.reasoning_content`` (the field reasoning servers use for text
+    that is not the answer), and ``content`` carries the fused answer in one chunk when
+    the vote is done — the concatenated ``content`` is exactly the non-streamed answer.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, which
 is also ponder's envelope (``code`` and ``message``). A client that disconnects before
@@ -50,6 +60,7 @@ from ponder.api.openai_common import (
 )
 from ponder.api.schemas import TaskCreate
 from ponder.config import Settings
+from ponder.deltas import DELTA
 from ponder.errors import RecoverableError
 from ponder.types import Sample, SampleStatus, Task
 
@@ -204,6 +215,31 @@ def _sse(data: dict[str, Any]) -> bytes:
     return f"data: {json.dumps(data, separators=(',', ':'))}\n\n".encode()
 
 
+class _LeadingSample:
+    """The text of the first sample that writes, from its ``delta`` events: what is new
+    since the last piece handed out (a sample rerun from its start repeats nothing)."""
+
+    def __init__(self) -> None:
+        self.index: int | None = None
+        self.text = ""  # the sample's text so far
+        self.sent = ""  # the part of it handed out
+
+    def take(self, delta: dict[str, Any]) -> str:
+        if self.index is None:
+            self.index = delta["index"]
+        if delta["index"] != self.index:
+            return ""
+        self.text = self.text[: delta["offset"]] + delta["text"]
+        return self.rest(self.text)
+
+    def rest(self, text: str) -> str:
+        """What ``text`` adds to what was handed out ("" when it does not extend it)."""
+        if not text.startswith(self.sent):
+            return ""
+        piece, self.sent = text[len(self.sent) :], text
+        return piece
+
+
 async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                   owner: str) -> AsyncIterator[bytes]:  # fmt: skip
     head = {
@@ -214,10 +250,17 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
         "system_fingerprint": None,
     }
     finished = False
+    # one sample: its text is the answer; several: the leader's text is not (see the module doc)
+    field = "content" if task.samples_planned == 1 else "reasoning_content"
+    leader = _LeadingSample()
+
+    def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:
+        choice = {"index": index, "delta": delta, "finish_reason": None}
+        return _sse({**head, "choices": [choice], **extra})
+
     try:
         for i in range(req.n):
-            delta = {"role": "assistant", "content": ""}
-            yield _sse({**head, "choices": [{"index": i, "delta": delta, "finish_reason": None}]})
+            yield chunk(i, {"role": "assistant", "content": ""})
         idle_s = state.settings.events_keepalive_s
         final: Task | None = None
         try:
@@ -226,6 +269,8 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                     yield b": keep-alive\n\n"
                 elif is_final(event):
                     break
+                elif event.event == DELTA and (piece := leader.take(event.data)):
+                    yield chunk(0, {field: piece})
             final = await state.store.get_task(task.id)
         except RecoverableError as e:
             error: OpenAIError | None = OpenAIError(503, "unavailable", str(e))
@@ -237,11 +282,13 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
             return
         choices = _choices(final, req.n, req.stops())
         for choice in choices:
-            delta = {"content": choice["message"]["content"]}
-            yield _sse(
-                {**head, "choices": [{"index": choice["index"], "delta": delta,
-                                      "finish_reason": None}]}
-            )  # fmt: skip
+            content = choice["message"]["content"]
+            if choice["index"] == 0 and field == "content":
+                streamed, content = leader.sent, leader.rest(content)  # completed
+                if not content and streamed != choice["message"]["content"]:
+                    log.warning("task %s: the streamed text is not its answer's", task.id)
+            if content:
+                yield chunk(choice["index"], {"content": content})
         for choice in choices:
             last = {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
             yield _sse({**head, "choices": [last], "ponder": ponder_field(final)})

@@ -48,6 +48,7 @@ async def prometheus_metrics(state: AppState = Depends(get_state)) -> Response:
     """Prometheus text format."""
     try:
         depths = await state.store.queue_depths()
+        metrics.OUTBOX_DEPTH.set(await state.store.outbox_depth())
     except RecoverableError:
         depths = {}
     for priority, depth in depths.items():

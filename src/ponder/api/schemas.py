@@ -1,32 +1,104 @@
-"""Request bodies of the HTTP API and their validation (limits come from the settings)."""
+"""Request bodies of the HTTP API and their validation (limits come from the settings).
+
+``POST /v1/tasks`` is strict: an unknown field is an error that names it (and the field
+meant, when one is close: ``max_tokens`` → ``max_new_tokens``); types are not coerced
+(no ``true`` for an integer, no ``"3"`` for a number); NaN and Infinity are refused
+anywhere, metadata included; a prompt must have a non-blank character; a callback URL
+has no user info and a real port. The SDK validates its submits with the same model, so
+both answer the same error. The OpenAI-compatible routes have their own, lenient models.
+"""
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import json
+import math
+from collections.abc import Sequence
 from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
+from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ponder.types import TaskType
 
-__all__ = ["ChatMessage", "ErrorBody", "TaskCreate", "TaskList"]
+__all__ = ["ChatMessage", "ErrorBody", "StrictBody", "TaskCreate", "TaskList", "describe_errors"]
+
+_UNKNOWN_FIELD = "unknown_field"
+#: names from OpenAI's API that difflib would not match to ponder's own
+_SYNONYMS = {"n": "samples"}
+#: parts of a validation error's location that are not field names
+_LOCATION_KINDS = ("body", "query", "path", "header")
 
 
-class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+def _unknown_field(name: str, known: Sequence[str]) -> str:
+    meant = _SYNONYMS.get(name) or next(iter(difflib.get_close_matches(name, known, n=1)), None)
+    return f"`{name}` (did you mean `{meant}`?)" if meant in known else f"`{name}`"
 
+
+class StrictBody(BaseModel):
+    """A JSON request body: unknown fields, coerced types and NaN/Infinity are errors."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_fields(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            known = list(cls.model_fields)
+            unknown = [_unknown_field(str(k), known) for k in data if k not in cls.model_fields]
+            if unknown:
+                noun = "field" if len(unknown) == 1 else "fields"
+                context = {"noun": noun, "fields": ", ".join(unknown)}
+                raise PydanticCustomError(_UNKNOWN_FIELD, "unknown {noun} {fields}", context)
+        return data
+
+
+def _field_name(loc: Sequence[int | str]) -> str:
+    return ".".join(str(p) for p in loc if p not in _LOCATION_KINDS) or "body"
+
+
+def describe_errors(errors: Sequence[ErrorDetails]) -> str:
+    """The first five validation errors on one line, each naming its field."""
+    parts = []
+    for error in errors[:5]:
+        where = _field_name(error["loc"])
+        message = str(error["msg"]).removeprefix("Value error, ")
+        unknown_at_top = error["type"] == _UNKNOWN_FIELD and where == "body"
+        parts.append(message if unknown_at_top else f"{where}: {message}")
+    return "; ".join(parts)
+
+
+def _non_finite(value: Any) -> str | None:
+    """The path of the first NaN or Infinity inside a JSON value (None: there is none).
+
+    Iterative, so a deeply nested value cannot exhaust the stack."""
+    stack: list[tuple[str, Any]] = [("", value)]
+    while stack:
+        path, item = stack.pop()
+        if isinstance(item, float) and not math.isfinite(item):
+            return path
+        if isinstance(item, dict):
+            stack.extend((f"{path}.{key}", sub) for key, sub in item.items())
+        elif isinstance(item, list):
+            stack.extend((f"{path}[{i}]", sub) for i, sub in enumerate(item))
+    return None
+
+
+class ChatMessage(StrictBody):
     role: Literal["system", "user", "assistant", "tool", "developer"]
     content: str
+    name: str | None = Field(default=None, max_length=256)
 
 
-class TaskCreate(BaseModel):
+class TaskCreate(StrictBody):
     """``POST /v1/tasks``. Caps that depend on the configured mode are checked by the API."""
 
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
     mode: Literal["fast", "standard", "deep"] = "standard"
-    task_type: TaskType = TaskType.auto
+    # an enum is given by its value ("math"), which strict mode would refuse
+    task_type: Annotated[TaskType, Field(strict=False)] = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     callback_url: HttpUrl | None = None
     samples: int | None = Field(default=None, ge=1)
@@ -54,11 +126,33 @@ class TaskCreate(BaseModel):
             raise ValueError("give exactly one of `prompt` (a string) or `messages` (a chat list)")
         return self
 
+    @field_validator("prompt")
+    @classmethod
+    def _not_blank(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("the prompt is blank; give some text")
+        return value
+
     @field_validator("callback_url")
     @classmethod
-    def _http_only(cls, value: HttpUrl | None) -> HttpUrl | None:
-        if value is not None and value.scheme not in ("http", "https"):
+    def _plain_http_url(cls, value: HttpUrl | None) -> HttpUrl | None:
+        if value is None:
+            return None
+        if value.scheme not in ("http", "https"):
             raise ValueError("callback_url must be an http(s) URL")
+        if value.username is not None or value.password is not None:
+            raise ValueError("callback_url must not carry a user name or password")
+        if value.port == 0:
+            raise ValueError("callback_url: port 0 is not a port anything listens on")
+        return value
+
+    @field_validator("metadata")
+    @classmethod
+    def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
+        path = _non_finite(value)
+        if path is not None:
+            where = path.lstrip(".")
+            raise ValueError(f"`{where}` is NaN or Infinity, which JSON has no number for")
         return value
 
     def body_hash(self) -> str:

@@ -1,12 +1,20 @@
-"""``/v1/tasks``: create, read, cancel and list tasks."""
+"""``/v1/tasks``: create, read, cancel and list tasks.
+
+Bodies are read by :class:`StrictJSONRoute`: ``Content-Type`` must be JSON (else 415
+``unsupported_media_type``), and integers longer than :data:`MAX_INT_DIGITS` are refused
+with 422 before they are converted; :class:`~ponder.api.schemas.TaskCreate` does the rest.
+"""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query
+from fastapi import APIRouter, Depends, Header, Query, Request, Response
 from fastapi.responses import JSONResponse
+from fastapi.routing import APIRoute
+from starlette.exceptions import HTTPException
 
 from ponder import metrics
 from ponder.api.deps import AppState, get_owner, get_state, rate_limit
@@ -20,9 +28,67 @@ from ponder.store.base import TaskStore
 from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
 from ponder.webhooks import check_callback_url
 
-__all__ = ["build_task", "cancel_task", "router"]
+__all__ = ["MAX_INT_DIGITS", "StrictJSONRoute", "build_task", "cancel_task", "router"]
 
-router = APIRouter(prefix="/v1", tags=["tasks"], dependencies=[Depends(rate_limit)])
+#: the longest integer a body may hold (digits); a longer one is refused before
+#: conversion, which costs time quadratic in its length
+MAX_INT_DIGITS = 100
+
+
+def _parse_int(text: str) -> int:
+    digits = len(text.lstrip("-"))
+    if digits > MAX_INT_DIGITS:
+        raise HTTPException(
+            422, f"the body has a number of {digits} digits; numbers have at most {MAX_INT_DIGITS}"
+        )
+    return int(text)
+
+
+class _StrictJSONRequest(Request):
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            body = await self.body()
+            try:
+                self._json = json.loads(body, parse_int=_parse_int)
+            except UnicodeDecodeError as e:
+                raise HTTPException(400, "the body is not UTF-8 text") from e
+            except RecursionError as e:
+                raise HTTPException(400, "the body is nested too deeply") from e
+        return self._json
+
+
+def _is_json(content_type: str) -> bool:
+    media_type = content_type.partition(";")[0].strip().lower()
+    kind, _, subtype = media_type.partition("/")
+    return kind == "application" and (subtype == "json" or subtype.endswith("+json"))
+
+
+class StrictJSONRoute(APIRoute):
+    """A route whose body must be sent as JSON and is parsed without oversized numbers
+    (FastAPI answers 422 "not a valid dictionary" to a form body, 400 to a long number)."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        if self.body_field is None:
+            return handler
+
+        async def strict_handler(request: Request) -> Response:
+            content_type = request.headers.get("content-type", "")
+            if not _is_json(content_type):
+                raise ApiError(
+                    415,
+                    "unsupported_media_type",
+                    f"send the body as JSON with `Content-Type: application/json` (got "
+                    f"{content_type or 'no Content-Type'})",
+                )
+            return await handler(_StrictJSONRequest(request.scope, request.receive))
+
+        return strict_handler
+
+
+router = APIRouter(
+    prefix="/v1", tags=["tasks"], dependencies=[Depends(rate_limit)], route_class=StrictJSONRoute
+)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
@@ -49,8 +115,9 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
     ]
     for name, value, cap in caps:
         if value is not None and value > cap:
+            shown = value if isinstance(value, int) else f"{value:g}"  # ints may exceed a float
             raise ApiError(
-                422, "invalid", f"{name}: {value:g} is over the {req.mode} mode's maximum {cap:g}"
+                422, "invalid", f"{name}: {shown} is over the {req.mode} mode's maximum {cap:g}"
             )
     metadata_bytes = len(json.dumps(req.metadata, separators=(",", ":")).encode())
     if metadata_bytes > settings.max_metadata_bytes:
@@ -69,7 +136,7 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         priority=req.priority,
         samples_planned=req.samples or mode.samples,
         prompt=req.prompt,
-        messages=[m.model_dump() for m in req.messages] if req.messages else None,
+        messages=[m.model_dump(exclude_none=True) for m in req.messages] if req.messages else None,
         max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
         temperature=req.temperature
         if req.temperature is not None
@@ -129,6 +196,7 @@ Owner = Annotated[str, Depends(get_owner)]
     responses={
         202: {"model": Task, "description": "the new Task"},
         200: {"model": Task, "description": "the Task of an earlier request (Idempotency-Key)"},
+        415: {"model": ErrorBody, "description": "the body is not sent as JSON"},
         **_ERRORS,
     },
 )

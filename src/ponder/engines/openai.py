@@ -21,11 +21,20 @@ backoff and jitter (at least the server's ``Retry-After``); 401 and 403 mean the
 refuses the credentials: the engine is dead (EngineDeadError) until restarted with others;
 any other failure is that row's EngineError. Log-probabilities are requested, and their
 mean is reported when the server returns them.
+
+**Streaming.** When a row has ``on_text`` (the worker's delta events), its request asks for
+``stream: true`` (with ``stream_options.include_usage``) and each chunk's text is handed
+to the ``on_text`` of the row its choice index belongs to, as it arrives; the pieces are
+also assembled into the same answer a plain request gets. A stream that breaks after its
+200 answer is that request's EngineError (not retried: the text already delivered would
+be delivered twice).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
 import random
 import time
 from collections.abc import Awaitable, Callable
@@ -43,6 +52,8 @@ from ponder.scheduling import AdmissionQueue
 __all__ = ["OpenAIEngine"]
 
 T = TypeVar("T")
+
+log = logging.getLogger("ponder.engine")
 
 _FINISH: dict[str, FinishReason] = {"stop": "stop", "length": "length"}
 
@@ -281,7 +292,11 @@ class OpenAIEngine(BaseEngine):
         if first.seed is not None:
             # one seed for the request: with n > 1 the server draws the n samples from it
             body["seed"] = first.seed
-        data = await _unless_cancelled(rows, lambda: self._post(body))
+        listeners = [row.on_text for row in rows]
+        if any(listeners):
+            body["stream"] = True
+            body["stream_options"] = {"include_usage": True}
+        data = await _unless_cancelled(rows, lambda: self._post(body, listeners))
         if data is None:
             return None
         try:
@@ -289,8 +304,48 @@ class OpenAIEngine(BaseEngine):
         except (KeyError, TypeError, ValueError) as e:
             raise EngineError(f"malformed answer from {self._base_url}: {e!r}") from e
 
-    async def _post(self, body: dict[str, Any]) -> Any:
-        """POST one chat completion, retrying 429, 5xx and connection failures."""
+    async def _read_stream(
+        self, response: httpx.Response, listeners: list[Callable[[str], object] | None]
+    ) -> dict[str, Any]:
+        """The chunks of a streamed answer, text handed on as it comes, then assembled."""
+        choices: dict[int, _StreamedChoice] = {}
+        usage: Any = None
+        try:
+            async for line in response.aiter_lines():
+                payload = line.removeprefix("data:").strip() if line.startswith("data:") else ""
+                if not payload:
+                    continue  # blank lines, comments, event names
+                if payload == "[DONE]":
+                    break
+                chunk = json.loads(payload)
+                if "error" in chunk:
+                    message = " ".join(str((chunk["error"] or {}).get("message", "")).split())
+                    raise EngineError(f"{self._base_url} failed mid-stream: {message}")
+                usage = chunk.get("usage") or usage
+                for part in chunk.get("choices") or []:
+                    index = int(part.get("index", 0))
+                    choice = choices.setdefault(index, _StreamedChoice())
+                    piece = choice.add(part)
+                    listener = listeners[index] if index < len(listeners) else None
+                    if piece and listener is not None:
+                        _call_listener(listener, piece)
+        except httpx.HTTPError as e:
+            raise EngineError(f"the stream from {self._base_url} broke: {e!r}") from e
+        except (ValueError, TypeError, AttributeError) as e:
+            raise EngineError(f"malformed stream from {self._base_url}: {e!r}") from e
+        return {
+            "choices": [c.as_choice(i) for i, c in sorted(choices.items())],
+            "usage": usage or {},
+        }
+
+    async def _post(
+        self, body: dict[str, Any], listeners: list[Callable[[str], object] | None]
+    ) -> Any:
+        """POST one chat completion, retrying 429, 5xx and connection failures.
+
+        A streamed answer (``body["stream"]``) feeds ``listeners[i]`` with the text of
+        choice ``i`` as it arrives and is returned assembled, in a plain answer's shape.
+        """
         attempt = 0
         while True:
             if self._client is None:
@@ -298,7 +353,10 @@ class OpenAIEngine(BaseEngine):
             retry_after = 0.0
             self.requests_sent += 1
             try:
-                response = await self._client.post("/chat/completions", json=body)
+                async with self._client.stream("POST", "/chat/completions", json=body) as response:
+                    if response.status_code == 200 and body.get("stream"):
+                        return await self._read_stream(response, listeners)
+                    await response.aread()
             except httpx.TimeoutException as e:
                 if not isinstance(e, httpx.ConnectTimeout):
                     # the server took the request and did not finish in time: asking
@@ -333,6 +391,40 @@ class OpenAIEngine(BaseEngine):
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             await asyncio.sleep(max(delay, min(retry_after, self._max_backoff_s)))
             attempt += 1
+
+
+@dataclass
+class _StreamedChoice:
+    """One choice of a streamed answer, as its chunks arrive."""
+
+    pieces: list[str] = field(default_factory=list)
+    logprobs: list[Any] = field(default_factory=list)
+    finish_reason: str | None = None
+
+    def add(self, part: dict[str, Any]) -> str:
+        """Take one chunk's part of this choice; return its new text."""
+        piece = str((part.get("delta") or {}).get("content") or "")
+        if piece:
+            self.pieces.append(piece)
+        self.logprobs += (part.get("logprobs") or {}).get("content") or []
+        self.finish_reason = part.get("finish_reason") or self.finish_reason
+        return piece
+
+    def as_choice(self, index: int) -> dict[str, Any]:
+        """The choice in a plain (not streamed) answer's shape."""
+        return {
+            "index": index,
+            "message": {"role": "assistant", "content": "".join(self.pieces)},
+            "finish_reason": self.finish_reason,
+            "logprobs": {"content": self.logprobs} if self.logprobs else None,
+        }
+
+
+def _call_listener(listener: Callable[[str], object], piece: str) -> None:
+    try:
+        listener(piece)
+    except Exception:
+        log.exception("an on_text callback failed")
 
 
 async def _unless_cancelled(

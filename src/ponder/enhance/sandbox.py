@@ -1,56 +1,97 @@
 """Run untrusted Python (program-of-thought code, code-task candidates) in a subprocess.
 
-**This is a best-effort guard, not a security boundary.** It stops accidents and the
-obvious (runaway loops, huge allocations, big files, ``socket`` use, stray children in the
-process group), not a determined attacker: the code runs as the same user, sees the same
-file system, and can reach the network through ``ctypes``, ``os.system`` or a child process
-that has left the process group. Isolation needs OS help: a separate user, mount/network/
-PID namespaces (``bwrap``, ``nsjail``, a container), seccomp filters, cgroups for memory.
+Two isolations; each result says which one ran (``isolation``), and so does the sample.
 
-What is done, per run:
+**bwrap** (chosen when `bubblewrap <https://github.com/containers/bubblewrap>`_ is on
+PATH and works). The program runs in new PID, network, IPC, UTS, mount (and cgroup,
+where the kernel allows) namespaces. What it is guaranteed:
 
-* a fresh temporary directory is the working directory and ``HOME``; it is deleted after;
+* no network: its network namespace has only a loopback interface of its own, so
+  nothing on the host (Redis on 127.0.0.1, the API, the cloud metadata address) can be
+  reached, whatever the code does (``ctypes``, a child interpreter);
+* a read-only view of only what Python needs: the interpreter binary, its standard
+  library and shared library, the environment's site-packages, the system shared
+  libraries (``/usr/lib``, ``/lib*``), a fresh ``/proc`` of its own PID namespace and a
+  minimal read-only ``/dev``. No host ``/etc``, ``/home``, ``/root`` (the interpreter's
+  own directories excepted), ``/tmp``, ``/var`` or the service's files; the root is
+  read-only;
+* a private tmpfs work directory (``/sandbox``, also ``HOME`` and ``TMPDIR``) of at most
+  :data:`WORKDIR_BYTES`, the only writable place, gone when the run ends;
+* an unprivileged identity: as a normal user, a user namespace maps the caller to an
+  unprivileged uid; as root, bwrap runs without a user namespace (root in one keeps
+  capabilities over its own mounts and escapes ``RLIMIT_NPROC``) and the program drops to
+  uid/gid 65534 (*nobody*) with no groups and no capabilities before any of its code runs;
+* at most :data:`NPROC_LIMIT` processes and threads (``RLIMIT_NPROC``: per run in a user
+  namespace; shared by every run of uid 65534 as root), so a fork bomb is contained;
+* when the run ends (or times out, or its caller is cancelled) every process in it is
+  killed: its PID namespace dies with it (``--die-with-parent``).
+
+**rlimits** (without bwrap, or with ``PONDER_SANDBOX_ISOLATION=rlimits``): today's
+best-effort guard, not a security boundary. It stops accidents and the obvious (runaway
+loops, huge allocations, big files, ``socket`` use, stray children in the process group),
+not a determined attacker: the code runs as the same user, sees (and can write) the same
+file system, and can reach the network through ``ctypes``, ``os.system`` or a child
+process; a fork bomb is bounded only by the timeout.
+
+Both, per run:
+
 * the interpreter runs isolated (``python -I -B -X utf8``: no user site, no environment
-  ``PYTHON*`` variables, no cwd on ``sys.path``) with a clean environment (no proxies);
+  ``PYTHON*`` variables, no cwd on ``sys.path``) with a clean environment (no proxies,
+  no credentials); the working directory is fresh and is also ``HOME``;
 * a bootstrap sets resource limits before any user code runs: ``RLIMIT_AS`` (memory),
   ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` (64), ``RLIMIT_FSIZE`` (4 MiB), ``RLIMIT_CORE`` (0).
   They are set in the child itself rather than in ``preexec_fn``, which is unsafe in a
   multi-threaded parent (the worker is one);
-* the bootstrap replaces ``_socket.socket`` (which ``socket.socket`` initialises through) with a
-  class that refuses
-  anything but ``AF_UNIX`` (so ``asyncio`` still works) and makes name resolution and
-  ``create_connection`` raise;
+* the bootstrap replaces ``_socket.socket`` (which ``socket.socket`` initialises through)
+  with a class that refuses anything but ``AF_UNIX`` (so ``asyncio`` still works) and
+  makes name resolution and ``create_connection`` raise;
 * the child leads its own session; at the timeout, and after it exits, the whole process
   group is killed (SIGKILL);
 * stdout and stderr are each capped at :data:`OUTPUT_LIMIT_BYTES`; the rest is read and
   dropped so the child never blocks on a full pipe.
+
+Not guaranteed by either: a bound on memory across processes (each process has its own
+``RLIMIT_AS``: at most :data:`NPROC_LIMIT` x ``memory_mb`` under bwrap; no cgroup limits),
+protection from kernel exploits (there is no seccomp filter), or secrecy of what the
+bound files contain (the interpreter, libraries and site-packages are readable).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
+import logging
 import os
 import secrets
 import shutil
 import signal
+import site
 import subprocess
 import sys
+import sysconfig
 import tempfile
 import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, Literal
 
 from ponder.enhance.answers import extract_code_block
+from ponder.errors import PonderError
 
 __all__ = [
+    "NPROC_LIMIT",
     "OUTPUT_LIMIT_BYTES",
+    "WORKDIR_BYTES",
+    "Isolation",
+    "IsolationMode",
     "SandboxResult",
+    "SandboxUnavailable",
     "TestReport",
+    "choose_isolation",
     "extract_program_output",
     "run_python",
     "run_python_async",
@@ -58,10 +99,25 @@ __all__ = [
     "run_tests_async",
 ]
 
+log = logging.getLogger("ponder.sandbox")
+
+#: which isolation ran: ``bwrap`` (namespaces) or ``rlimits`` (best effort)
+Isolation = Literal["bwrap", "rlimits"]
+#: what to run with: ``auto`` is bwrap when it works here, else rlimits
+IsolationMode = Literal["auto", "bwrap", "rlimits"]
+
 #: stdout and stderr are each cut at this many bytes
 OUTPUT_LIMIT_BYTES = 64 * 1024
+#: bwrap: processes and threads a run may have at once
+NPROC_LIMIT = 16
+#: bwrap: the size of the private work directory (a tmpfs, in memory)
+WORKDIR_BYTES = 16 * 1024 * 1024
 _FSIZE_LIMIT_BYTES = 4 * 1024 * 1024
 _NOFILE_LIMIT = 64
+#: bwrap: the work directory inside the sandbox, and the identity a root caller drops to
+_SANDBOX_DIR = "/sandbox"
+_NOBODY = 65534
+_SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 #: how long to wait for the pipes to close after the process group is killed
 _DRAIN_S = 2.0
 _MAX_ERRORS = 20
@@ -78,6 +134,7 @@ class SandboxResult:
     timed_out: bool
     #: True when stdout or stderr was cut at OUTPUT_LIMIT_BYTES
     truncated: bool = False
+    isolation: Isolation = "rlimits"
 
 
 @dataclass(frozen=True)
@@ -90,17 +147,35 @@ class TestReport:
     failed: int
     errors: list[str] = field(default_factory=list)
     timed_out: bool = False
+    isolation: Isolation = "rlimits"
 
 
-# The bootstrap: limits, network guard, then the user's code. Argument: the mode ("run" or
-# "tests"). In "tests" mode the first stdin line is a nonce that prefixes the report lines.
+class SandboxUnavailable(PonderError):
+    """``isolation="bwrap"`` was asked for and bwrap cannot run here (the message says why)."""
+
+
+# The bootstrap: identity, limits, network guard, then the user's code. Arguments: the
+# mode ("run" or "tests"), the limits, the uid to drop to (-1: stay), the process limit
+# (-1: none), then site directories to add. In "tests" mode the first stdin line is a nonce
+# that prefixes the report lines.
 _BOOTSTRAP = r"""
 import sys, os, resource
-_mem, _cpu, _nofile, _fsize = (int(x) for x in sys.argv[2:6])
-for _lim, _val in ((resource.RLIMIT_AS, _mem), (resource.RLIMIT_CPU, _cpu),
-                   (resource.RLIMIT_NOFILE, _nofile), (resource.RLIMIT_FSIZE, _fsize),
-                   (resource.RLIMIT_CORE, 0)):
+_mem, _cpu, _nofile, _fsize, _uid, _nproc = (int(x) for x in sys.argv[2:8])
+if _uid >= 0:  # bwrap as root: become nobody (and lose every capability) first
+    os.setgroups([])
+    os.setgid(_uid)
+    os.setuid(_uid)
+_limits = [(resource.RLIMIT_AS, _mem), (resource.RLIMIT_CPU, _cpu),
+           (resource.RLIMIT_NOFILE, _nofile), (resource.RLIMIT_FSIZE, _fsize),
+           (resource.RLIMIT_CORE, 0)]
+if _nproc >= 0:
+    _limits.append((resource.RLIMIT_NPROC, _nproc))
+for _lim, _val in _limits:
     resource.setrlimit(_lim, (_val, _val))
+if sys.argv[8:]:
+    import site
+    for _dir in sys.argv[8:]:
+        site.addsitedir(_dir)
 import socket, _socket
 
 _RealSocket = _socket.socket
@@ -199,12 +274,15 @@ else:
 """
 
 
-def _clean_env(tmpdir: str) -> dict[str, str]:
+_PYTHON_FLAGS = ("-I", "-B", "-X", "utf8")
+
+
+def _clean_env(home: str) -> dict[str, str]:
     # No proxies, no credentials, nothing inherited: only what an interpreter needs.
     return {
         "PATH": "/usr/local/bin:/usr/bin:/bin",
-        "HOME": tmpdir,
-        "TMPDIR": tmpdir,
+        "HOME": home,
+        "TMPDIR": home,
         "LANG": "C.UTF-8",
         "LC_ALL": "C.UTF-8",
         "OMP_NUM_THREADS": "1",
@@ -213,25 +291,101 @@ def _clean_env(tmpdir: str) -> dict[str, str]:
     }
 
 
-def _argv(mode: str, *, timeout_s: float, memory_mb: int) -> list[str]:
+def _limits(timeout_s: float, memory_mb: int) -> list[str]:
     cpu_s = max(1, int(timeout_s) + 1)
-    limits = [memory_mb * 1024 * 1024, cpu_s, _NOFILE_LIMIT, _FSIZE_LIMIT_BYTES]
-    return [sys.executable, "-I", "-B", "-X", "utf8", "-c", _BOOTSTRAP, mode] + [
-        str(x) for x in limits
-    ]
+    return [str(x) for x in (memory_mb * 1024 * 1024, cpu_s, _NOFILE_LIMIT, _FSIZE_LIMIT_BYTES)]
 
 
-def _check(timeout_s: float, memory_mb: int) -> None:
+def _check(timeout_s: float, memory_mb: int, isolation: str) -> None:
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if memory_mb < 32:
         raise ValueError(
             f"memory_mb must be at least 32 (the interpreter needs it), got {memory_mb}"
         )
+    if isolation not in ("auto", "bwrap", "rlimits"):
+        raise ValueError(f"isolation must be auto, bwrap or rlimits, got {isolation!r}")
+
+
+@dataclass(frozen=True)
+class _Launch:
+    """How one run starts: the command, where, with what, and which isolation it is."""
+
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    isolation: Isolation
+    pass_fds: tuple[int, ...] = ()
+
+
+@functools.cache
+def _python_layout() -> tuple[str, tuple[str, ...], tuple[str, ...]]:
+    """The interpreter binary, what it reads (bound read-only) and the site directories."""
+    exe = os.path.realpath(sys.executable)
+    stdlib = os.path.realpath(sysconfig.get_path("stdlib"))
+    paths = [exe, stdlib]
+    if sysconfig.get_config_var("Py_ENABLE_SHARED"):
+        libdir, soname = sysconfig.get_config_vars("LIBDIR", "INSTSONAME")
+        libpython = os.path.join(str(libdir), str(soname))
+        if os.path.isfile(libpython):
+            paths.append(os.path.realpath(libpython))
+    found = (os.path.realpath(d) for d in site.getsitepackages() if os.path.isdir(d))
+    sites = tuple(d for d in dict.fromkeys(found) if not d.startswith(stdlib + os.sep))
+    return exe, (*paths, *sites), sites
+
+
+def _bwrap_argv(mode: str, limits: list[str], files: dict[str, int]) -> list[str]:
+    bwrap = shutil.which("bwrap")
+    if bwrap is None:
+        raise SandboxUnavailable("bwrap (bubblewrap) is not on PATH")
+    exe, paths, sites = _python_layout()
+    as_root = os.geteuid() == 0
+    argv = [bwrap, "--die-with-parent", "--new-session", "--hostname", "sandbox"]
+    argv += ["--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts"]
+    argv += ["--unshare-cgroup-try"]
+    if as_root:
+        # No user namespace (see the module docstring): the bootstrap drops to nobody.
+        argv += ["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"]
+    else:
+        argv += ["--unshare-user", "--uid", str(_NOBODY), "--gid", str(_NOBODY)]
+    argv += ["--size", str(WORKDIR_BYTES), "--perms", "0777", "--tmpfs", _SANDBOX_DIR]
+    for name, fd in files.items():
+        argv += ["--perms", "0644", "--file", str(fd), f"{_SANDBOX_DIR}/{name}"]
+    binds = [lib for lib in _SYSTEM_LIBS if os.path.isdir(lib) and not os.path.islink(lib)]
+    binds += paths
+    # bwrap makes missing parents 0700, which the dropped identity could not traverse
+    parents = {str(p) for path in binds for p in Path(path).parents if str(p) != "/"}
+    for parent in sorted(parents, key=lambda p: p.count("/")):
+        argv += ["--perms", "0755", "--dir", parent]
+    for lib in _SYSTEM_LIBS:
+        if os.path.islink(lib):
+            argv += ["--symlink", os.readlink(lib), lib]
+    for path in binds:
+        argv += ["--ro-bind", path, path]
+    argv += ["--proc", "/proc", "--dev", "/dev", "--remount-ro", "/dev", "--remount-ro", "/"]
+    argv += ["--chdir", _SANDBOX_DIR, exe, *_PYTHON_FLAGS, "-c", _BOOTSTRAP, mode, *limits]
+    return [*argv, str(_NOBODY if as_root else -1), str(NPROC_LIMIT), *sites]
 
 
 @contextlib.contextmanager
-def _workdir(files: dict[str, str]) -> Iterator[str]:
+def _memfds(files: dict[str, str]) -> Iterator[dict[str, int]]:
+    """Each file's content in an anonymous memory file (bwrap copies it into the tmpfs)."""
+    fds: dict[str, int] = {}
+    try:
+        for name, content in files.items():
+            fds[name] = fd = os.memfd_create(name)
+            data = memoryview(content.encode("utf-8"))
+            while data:
+                data = data[os.write(fd, data) :]
+            os.lseek(fd, 0, os.SEEK_SET)
+        yield fds
+    finally:
+        for fd in fds.values():
+            os.close(fd)
+
+
+@contextlib.contextmanager
+def _host_workdir(files: dict[str, str]) -> Iterator[str]:
     tmpdir = tempfile.mkdtemp(prefix="ponder-sandbox-")
     try:
         for name, content in files.items():
@@ -239,6 +393,54 @@ def _workdir(files: dict[str, str]) -> Iterator[str]:
         yield tmpdir
     finally:
         shutil.rmtree(tmpdir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _launch(
+    mode: str, files: dict[str, str], isolation: Isolation, *, timeout_s: float, memory_mb: int
+) -> Iterator[_Launch]:
+    limits = _limits(timeout_s, memory_mb)
+    if isolation == "bwrap":
+        with _memfds(files) as fds:
+            argv = _bwrap_argv(mode, limits, fds)
+            yield _Launch(argv, "/", _clean_env(_SANDBOX_DIR), "bwrap", tuple(fds.values()))
+        return
+    with _host_workdir(files) as tmpdir:
+        argv = [sys.executable, *_PYTHON_FLAGS, "-c", _BOOTSTRAP, mode, *limits, "-1", "-1"]
+        yield _Launch(argv, tmpdir, _clean_env(tmpdir), "rlimits")
+
+
+@functools.cache
+def _bwrap_problem() -> str | None:
+    """None when bwrap runs a program here, else why not (tried once per process)."""
+    if shutil.which("bwrap") is None:
+        problem: str | None = "bwrap (bubblewrap) is not on PATH"
+    else:
+        with _launch("run", {"main.py": "pass"}, "bwrap", timeout_s=10, memory_mb=256) as probe:
+            result = _run_blocking(probe, b"", 10.0)
+        reason = (result.stderr.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
+        problem = None if result.exit_code == 0 else f"bwrap cannot run a program here: {reason}"
+    if problem is not None:
+        log.warning("sandbox: %s", problem)
+    return problem
+
+
+def choose_isolation(isolation: IsolationMode = "auto") -> Isolation:
+    """The isolation a run with ``isolation`` gets: ``bwrap`` when asked for or when
+    ``auto`` finds it working (tried once per process, blocking), else ``rlimits``.
+
+    Raises :class:`SandboxUnavailable` when ``bwrap`` is asked for and cannot run.
+    """
+    if isolation == "rlimits":
+        return "rlimits"
+    problem = _bwrap_problem()
+    if problem is None:
+        return "bwrap"
+    if isolation == "bwrap":
+        raise SandboxUnavailable(
+            f"{problem}; install bubblewrap, or set PONDER_SANDBOX_ISOLATION=auto or rlimits"
+        )
+    return "rlimits"
 
 
 def _kill_group(pid: int) -> None:
@@ -263,7 +465,11 @@ class _CappedBuffer:
 
 
 def _result(
-    out: _CappedBuffer, err: _CappedBuffer, returncode: int | None, timed_out: bool
+    out: _CappedBuffer,
+    err: _CappedBuffer,
+    returncode: int | None,
+    timed_out: bool,
+    isolation: Isolation,
 ) -> SandboxResult:
     return SandboxResult(
         stdout=out.text(),
@@ -271,6 +477,7 @@ def _result(
         exit_code=returncode if returncode is not None else -int(signal.SIGKILL),
         timed_out=timed_out,
         truncated=out.truncated or err.truncated,
+        isolation=isolation,
     )
 
 
@@ -293,17 +500,18 @@ def _pump_in(stream: IO[bytes], data: bytes) -> None:
         stream.close()
 
 
-def _run_blocking(argv: list[str], tmpdir: str, stdin: bytes, timeout_s: float) -> SandboxResult:
+def _run_blocking(launch: _Launch, stdin: bytes, timeout_s: float) -> SandboxResult:
     out, err = _CappedBuffer(), _CappedBuffer()
     proc = subprocess.Popen(
-        argv,
-        cwd=tmpdir,
-        env=_clean_env(tmpdir),
+        launch.argv,
+        cwd=launch.cwd,
+        env=launch.env,
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
+        pass_fds=launch.pass_fds,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     threads = [
@@ -328,7 +536,7 @@ def _run_blocking(argv: list[str], tmpdir: str, stdin: bytes, timeout_s: float) 
         for stream in (proc.stdin, proc.stdout, proc.stderr):
             with contextlib.suppress(OSError):
                 stream.close()
-    return _result(out, err, proc.returncode, timed_out)
+    return _result(out, err, proc.returncode, timed_out, launch.isolation)
 
 
 # ---------------------------------------------------------------------------------------
@@ -349,17 +557,18 @@ async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
         stream.close()
 
 
-async def _run_async(argv: list[str], tmpdir: str, stdin: bytes, timeout_s: float) -> SandboxResult:
+async def _run_async(launch: _Launch, stdin: bytes, timeout_s: float) -> SandboxResult:
     out, err = _CappedBuffer(), _CappedBuffer()
     proc = await asyncio.create_subprocess_exec(
-        *argv,
-        cwd=tmpdir,
-        env=_clean_env(tmpdir),
+        *launch.argv,
+        cwd=launch.cwd,
+        env=launch.env,
         stdin=asyncio.subprocess.PIPE,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
         start_new_session=True,
         close_fds=True,
+        pass_fds=launch.pass_fds,
     )
     assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
     io_tasks = [
@@ -381,7 +590,7 @@ async def _run_async(argv: list[str], tmpdir: str, stdin: bytes, timeout_s: floa
         finally:
             for task in io_tasks:
                 task.cancel()
-    return _result(out, err, proc.returncode, timed_out)
+    return _result(out, err, proc.returncode, timed_out, launch.isolation)
 
 
 async def _reap(proc: asyncio.subprocess.Process, io_tasks: list[asyncio.Task[None]]) -> None:
@@ -405,18 +614,19 @@ def run_python(
     timeout_s: float = 5.0,
     memory_mb: int = 256,
     stdin: str = "",
+    isolation: IsolationMode = "auto",
 ) -> SandboxResult:
     """Run ``code`` as ``__main__`` in the sandbox (see the module docstring); blocking.
 
     The wall-clock ``timeout_s`` kills the whole process group; CPU time is limited to
     about the same. ``memory_mb`` bounds the address space (a big allocation raises
-    ``MemoryError`` in the child). Do not call from an event loop: use
-    :func:`run_python_async`.
+    ``MemoryError`` in the child). ``isolation``: see :func:`choose_isolation`. Do not
+    call from an event loop: use :func:`run_python_async`.
     """
-    _check(timeout_s, memory_mb)
-    with _workdir({"main.py": code}) as tmpdir:
-        argv = _argv("run", timeout_s=timeout_s, memory_mb=memory_mb)
-        return _run_blocking(argv, tmpdir, stdin.encode("utf-8"), timeout_s)
+    _check(timeout_s, memory_mb, isolation)
+    chosen = choose_isolation(isolation)
+    with _launch("run", {"main.py": code}, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
+        return _run_blocking(run, stdin.encode("utf-8"), timeout_s)
 
 
 async def run_python_async(
@@ -425,15 +635,16 @@ async def run_python_async(
     timeout_s: float = 5.0,
     memory_mb: int = 256,
     stdin: str = "",
+    isolation: IsolationMode = "auto",
 ) -> SandboxResult:
     """:func:`run_python` on ``asyncio.create_subprocess_exec``: the loop is never blocked.
 
     Cancelling the awaiting task kills the process group and re-raises.
     """
-    _check(timeout_s, memory_mb)
-    with _workdir({"main.py": code}) as tmpdir:
-        argv = _argv("run", timeout_s=timeout_s, memory_mb=memory_mb)
-        return await _run_async(argv, tmpdir, stdin.encode("utf-8"), timeout_s)
+    _check(timeout_s, memory_mb, isolation)
+    chosen = await asyncio.to_thread(choose_isolation, isolation)
+    with _launch("run", {"main.py": code}, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
+        return await _run_async(run, stdin.encode("utf-8"), timeout_s)
 
 
 def _test_report(result: SandboxResult, nonce: str, timeout_s: float) -> TestReport:
@@ -471,7 +682,13 @@ def _test_report(result: SandboxResult, nonce: str, timeout_s: float) -> TestRep
     elif failed and planned is not None and passed + failed < planned:
         # the candidate (or the tests module) failed before any test could run
         failed = planned - passed
-    return TestReport(passed=passed, failed=failed, errors=errors, timed_out=result.timed_out)
+    return TestReport(
+        passed=passed,
+        failed=failed,
+        errors=errors,
+        timed_out=result.timed_out,
+        isolation=result.isolation,
+    )
 
 
 def _test_files(candidate: str, tests: str) -> dict[str, str]:
@@ -479,7 +696,12 @@ def _test_files(candidate: str, tests: str) -> dict[str, str]:
 
 
 def run_tests(
-    candidate: str, tests: str, *, timeout_s: float = 10.0, memory_mb: int = 256
+    candidate: str,
+    tests: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 256,
+    isolation: IsolationMode = "auto",
 ) -> TestReport:
     """Run ``candidate`` then ``tests`` (plain Python) in one namespace in the sandbox.
 
@@ -490,23 +712,30 @@ def run_tests(
     module raises, every planned test fails. Output printed by the code is discarded.
     Blocking; see :func:`run_tests_async`.
     """
-    _check(timeout_s, memory_mb)
+    _check(timeout_s, memory_mb, isolation)
+    chosen = choose_isolation(isolation)
     nonce = secrets.token_hex(16)
-    with _workdir(_test_files(candidate, tests)) as tmpdir:
-        argv = _argv("tests", timeout_s=timeout_s, memory_mb=memory_mb)
-        result = _run_blocking(argv, tmpdir, (nonce + "\n").encode(), timeout_s)
+    files = _test_files(candidate, tests)
+    with _launch("tests", files, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
+        result = _run_blocking(run, (nonce + "\n").encode(), timeout_s)
     return _test_report(result, nonce, timeout_s)
 
 
 async def run_tests_async(
-    candidate: str, tests: str, *, timeout_s: float = 10.0, memory_mb: int = 256
+    candidate: str,
+    tests: str,
+    *,
+    timeout_s: float = 10.0,
+    memory_mb: int = 256,
+    isolation: IsolationMode = "auto",
 ) -> TestReport:
     """:func:`run_tests` without blocking the event loop."""
-    _check(timeout_s, memory_mb)
+    _check(timeout_s, memory_mb, isolation)
+    chosen = await asyncio.to_thread(choose_isolation, isolation)
     nonce = secrets.token_hex(16)
-    with _workdir(_test_files(candidate, tests)) as tmpdir:
-        argv = _argv("tests", timeout_s=timeout_s, memory_mb=memory_mb)
-        result = await _run_async(argv, tmpdir, (nonce + "\n").encode(), timeout_s)
+    files = _test_files(candidate, tests)
+    with _launch("tests", files, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
+        result = await _run_async(run, (nonce + "\n").encode(), timeout_s)
     return _test_report(result, nonce, timeout_s)
 
 

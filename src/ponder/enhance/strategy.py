@@ -266,13 +266,20 @@ class Strategy:
                     program,
                     timeout_s=settings.sandbox_timeout_s,
                     memory_mb=settings.sandbox_memory_mb,
+                    isolation=settings.sandbox_isolation,
                 )
                 sample.program_output = run.stdout[-2000:]
+                sample.isolation = run.isolation
         self.rejudge(sample)
         if self.task_type == TaskType.code and self.task.tests and sample.answer is not None:
             report = await run_tests_async(
-                sample.answer, self.task.tests, timeout_s=settings.sandbox_timeout_s * 2
+                sample.answer,
+                self.task.tests,
+                timeout_s=settings.sandbox_timeout_s * 2,
+                memory_mb=settings.sandbox_memory_mb,
+                isolation=settings.sandbox_isolation,
             )
+            sample.isolation = report.isolation
             sample.tests_passed = report.passed
             sample.tests_failed = report.failed + (1 if report.timed_out else 0)
         sample.confidence = self.sample_confidence(sample)

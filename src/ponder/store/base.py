@@ -9,16 +9,20 @@ each other; both implementations are checked by one contract test suite.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from ponder.config import NUM_PRIORITIES
+from ponder.outbox import OutboxEntry
 from ponder.types import Task, TaskStatus
 
 __all__ = [
     "Claim",
     "Event",
+    "Notice",
+    "OutboxEntry",
     "StoredObject",
     "TaskStore",
     "check_new_task",
@@ -57,6 +61,15 @@ class Event:
     data: dict[str, Any]
 
 
+class Notice(StrEnum):
+    """The store's notice topics: wake-ups that cross processes (:meth:`TaskStore.read_notices`)."""
+
+    #: a task was cancelled; the notice carries its id (workers stop running it)
+    cancel = "cancel"
+    #: webhook deliveries were added to the outbox (delivery loops look for due ones)
+    outbox = "outbox"
+
+
 @dataclass
 class StoredObject:
     """A record of the OpenAI-compatible APIs (a file, a batch, a response).
@@ -85,14 +98,23 @@ class TaskStore(ABC):
       or not at all.
     - :meth:`update_task` writes only over the revision the task was read at; on success
       it bumps ``task.rev``. Leaving ``pending`` frees a backlog slot; reaching a
-      terminal state sets the record's time-to-live.
+      terminal state sets the record's time-to-live. In the same atomic step it adds the
+      webhook deliveries the write causes (:func:`ponder.outbox.task_deliveries`) to the
+      outbox and, when the task becomes ``cancelled``, a :attr:`Notice.cancel`.
     - A claimed entry stays owned by its consumer until :meth:`ack`; an entry whose lease
-      was not renewed for ``min_idle_s`` is handed out again by :meth:`reclaim`.
+      was not renewed for ``min_idle_s`` is handed out again by :meth:`reclaim`, and so is
+      every entry of a consumer that is no longer a live worker (:meth:`register_worker`).
+    - An outbox entry is handed to one delivery loop at a time (:meth:`claim_deliveries`,
+      a lease); it stays until :meth:`finish_delivery`, its schedule kept across restarts.
     - Every method raises :class:`~ponder.errors.StoreUnavailable` when the backend
       cannot be reached within the configured timeout.
     """
 
     # --- lifecycle --------------------------------------------------------------------
+    def describe(self) -> str:
+        """What the store is, for messages: ``Redis at redis://host:6379/0``."""
+        return type(self).__name__
+
     @abstractmethod
     async def start(self) -> None:
         """Connect (and create schema / consumer groups). Idempotent."""
@@ -155,8 +177,8 @@ class TaskStore(ABC):
 
         Returns False (writing nothing) when the record changed since it was read or is
         gone. The caller has checked the transition with :func:`ponder.states.check_transition`;
-        the store only needs the previous status to keep the backlog count right, and reads
-        it from its own record.
+        the store reads the previous status from its own record: to keep the backlog count
+        right, and to post the cancel notice only on the write that enters ``cancelled``.
         """
 
     # --- worker side ------------------------------------------------------------------
@@ -170,7 +192,11 @@ class TaskStore(ABC):
 
     @abstractmethod
     async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
-        """Take over entries whose lease was not renewed for ``min_idle_s`` seconds."""
+        """Take over up to ``limit`` entries, most urgent level first: at once every entry
+        of a consumer that is not a live worker (never registered, unregistered, or its
+        registration older than its ttl), then entries whose lease was not renewed for
+        ``min_idle_s`` seconds. Consumers found dead and left with no entries are removed.
+        """
 
     @abstractmethod
     async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
@@ -193,6 +219,69 @@ class TaskStore(ABC):
 
         When there are none and ``block_ms`` > 0, waits up to that long for one.
         """
+
+    # --- streamed text (delta events) -------------------------------------------------
+    @abstractmethod
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        """Append ``events`` to the log of a *running* task without touching its record.
+
+        For what is published between state changes (the ``delta`` events of running
+        samples): the record's revision is unchanged, readers of :meth:`read_events` are
+        woken as for :meth:`update_task`. Returns False (appending nothing) when the task
+        is gone or not ``running`` — so nothing follows a task's terminal event.
+        """
+
+    # --- notices ----------------------------------------------------------------------
+    @abstractmethod
+    async def read_notices(
+        self, topic: Notice, after: str | None, block_ms: int
+    ) -> tuple[str, list[str]]:
+        """Notices of ``topic`` after cursor ``after`` (None: from now on) and the cursor to
+        pass next. Waits up to ``block_ms`` for one when there are none (woken by the
+        notice, not by polling). Recent notices are kept (about a thousand), so a reader
+        that comes back after an outage reads what it missed."""
+
+    # --- webhook outbox ---------------------------------------------------------------
+    @abstractmethod
+    async def enqueue_deliveries(self, entries: Sequence[OutboxEntry]) -> None:
+        """Add ``entries``, due at once, and post a :attr:`Notice.outbox`. An id is added
+        once: one added before (within ``task_ttl_s``) is left as it is, even if it was
+        sent meanwhile. For deliveries no task write causes; a task's own are added by
+        :meth:`update_task`."""
+
+    @abstractmethod
+    async def claim_deliveries(
+        self,
+        consumer: str,
+        limit: int,
+        lease_s: float,
+        *,
+        host_room: Mapping[str, int],
+        per_host: int,
+    ) -> tuple[list[OutboxEntry], float | None]:
+        """Take up to ``limit`` due entries, oldest due first, for ``lease_s`` seconds (then
+        they are due again, for another loop, unless finished or rescheduled).
+
+        ``host_room`` is how many more attempts each busy host may get (the caller's own
+        attempts in flight), ``per_host`` the room of any other host; a due entry of a host
+        without room waits a second, letting other hosts by. Returns the entries and the
+        seconds until the next entry is due (None: the outbox is empty).
+        """
+
+    @abstractmethod
+    async def retry_delivery(self, consumer: str, entry: OutboxEntry, delay_s: float) -> bool:
+        """Store ``entry`` (its attempt count) and make it due in ``delay_s`` seconds, if
+        ``consumer`` still holds it; False when another loop has taken it over."""
+
+    @abstractmethod
+    async def finish_delivery(self, webhook_id: str) -> None:
+        """Remove an entry for good (delivered, or given up)."""
+
+    @abstractmethod
+    async def outbox_depth(self) -> int:
+        """Entries in the outbox (due, scheduled or being sent)."""
 
     # --- liveness ---------------------------------------------------------------------
     @abstractmethod

@@ -13,7 +13,14 @@ Keys (all under ``settings.key_prefix``, written as ``{p}``):
   lexicographic range walks an owner's tasks in creation order. Entries of expired
   tasks are dropped when a listing meets them.
 - ``{p}:idem:{owner}:{key}``: hash ``hash`` + ``id`` of an idempotency key, ``task_ttl_s``.
-- ``{p}:workers``: sorted set of worker ids scored by their expiry (Redis server time).
+- ``{p}:workers``: sorted set of worker ids scored by their expiry (Redis server time). A
+  consumer of the group that is not in it (or has expired) is dead: :meth:`reclaim` takes
+  its entries at once and then removes it from the group.
+- ``{p}:outbox``: sorted set of webhook ids scored by when each is due (ms, server time;
+  a claimed delivery's score is the end of its lease). ``{p}:dlv:{webhook_id}``: hash
+  ``data`` (the :class:`OutboxEntry`), ``host``, ``owner`` (the delivery loop holding it).
+- ``{p}:notice:{topic}``: streams of notices (field ``v``), capped at about 1,000:
+  ``cancel`` (a task id, written by the cancel itself), ``outbox`` (deliveries added).
 - The OpenAI-compatible APIs: ``{p}:obj:{kind}:{id}`` (hash ``data``, ``owner``, ``rev``,
   ``sort_key``; its own expiry), ``{p}:objs:{kind}:{owner}`` and ``{p}:active:{kind}``
   (lexicographic sorted sets of ``"{sort_key} {id}"``, like the task index),
@@ -34,10 +41,11 @@ import asyncio
 import json
 import logging
 import re
-from collections.abc import Awaitable, Callable, Iterator, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from functools import cached_property
 from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
 
 from redis import exceptions as rexc
 from redis.asyncio import Redis
@@ -48,10 +56,12 @@ from redis.commands.core import AsyncScript
 from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
+from ponder.outbox import OutboxEntry, task_deliveries
 from ponder.states import is_terminal
 from ponder.store.base import (
     Claim,
     Event,
+    Notice,
     StoredObject,
     TaskStore,
     check_new_task,
@@ -67,7 +77,32 @@ _T = TypeVar("_T")
 
 GROUP = "workers"
 _STREAM_ID = re.compile(r"^\d+(-\d+)?$")
-_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ReadOnlyError, TimeoutError)
+# Every answer Redis can give that is not ours to fix: connections refused, reset or
+# killed (CLIENT KILL), LOADING, READONLY (a replica after a failover), OOM, MISCONF, …
+# A ResponseError that a queue command can fix (NOGROUP, UNBLOCKED) is handled first.
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError, TimeoutError)
+_GROUP_LOST = ("NOGROUP", "UNBLOCKED")
+# (the scripts cap each notice stream at about 1,000 entries: XADD MAXLEN ~ 1000)
+#: rows looked at per claim of deliveries, beyond the limit (some may be for busy hosts)
+_DELIVERY_SCAN = 64
+#: a due delivery whose host is at its limit waits this long before it is looked at again
+_BUSY_HOST_DEFER_MS = 1000
+
+# Shared by the scripts that add webhook deliveries (ARGV-free helpers).
+_LUA_OUTBOX = """
+local function now_ms()
+  local t = redis.call('TIME')
+  return t[1] * 1000 + math.floor(t[2] / 1000)
+end
+-- a delivery id is added once (its ':once' key outlives the row, for the ttl)
+local function add_delivery(outbox, key, id, data, host, ttl, due)
+  if not redis.call('SET', key .. ':once', 1, 'NX', 'EX', ttl) then return 0 end
+  redis.call('HSET', key, 'data', data, 'host', host, 'owner', '')
+  redis.call('EXPIRE', key, ttl)
+  redis.call('ZADD', outbox, due, id)
+  return 1
+end
+"""
 
 # KEYS: task, queue, pending, index, events[, idem]
 # ARGV: id, data, status, rev, owner, priority, max_pending, member, event, hash, ttl,
@@ -107,9 +142,13 @@ end
 return {'created'}
 """
 
-# KEYS: task, pending, events; ARGV: expected rev, new rev, data, status, terminal, ttl,
-# then event name/data pairs
-_UPDATE = """
+# KEYS: task, pending, events, outbox, cancel notices, outbox notices
+# ARGV: expected rev, new rev, data, status, terminal, ttl, task id, delivery key prefix,
+#       number of deliveries, then 3 per delivery: webhook id, data, host; then event
+#       name/data pairs
+_UPDATE = (
+    _LUA_OUTBOX
+    + """
 local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority', 'lane')
 if cur[1] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'status', ARGV[4], 'rev', ARGV[2])
@@ -118,7 +157,19 @@ if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
   redis.call('HINCRBY', KEYS[2], cur[3], -1)
   if cur[4] == 'batch' then redis.call('HINCRBY', KEYS[2], 'batch', -1) end
 end
-for i = 7, #ARGV, 2 do
+local n = tonumber(ARGV[9])
+local added, now = 0, now_ms()
+for i = 10, 9 + 3 * n, 3 do
+  added = added + add_delivery(KEYS[4], ARGV[8] .. ARGV[i], ARGV[i], ARGV[i + 1], ARGV[i + 2],
+                               ARGV[6], now)
+end
+if added > 0 then
+  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 1000, '*', 'v', added)
+end
+if ARGV[4] == 'cancelled' and cur[2] ~= 'cancelled' then
+  redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*', 'v', ARGV[7])
+end
+for i = 10 + 3 * n, #ARGV, 2 do
   redis.call('XADD', KEYS[3], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
 end
 if ARGV[5] == '1' then
@@ -127,6 +178,7 @@ if ARGV[5] == '1' then
 end
 return 1
 """
+)
 
 # KEYS: queues in the order to try; ARGV: group, consumer. Returns {key index, id, task}.
 _CLAIM = """
@@ -141,21 +193,55 @@ end
 return false
 """
 
-# KEYS: queues 0..5; ARGV: group, consumer, min idle ms, limit. Returns {level, id, task}s.
+# KEYS: queues 0..5, workers; ARGV: group, consumer, min idle ms, limit.
+# Returns {level, id, task}s. Per level, most urgent first: every entry of a dead consumer
+# (not a live registered worker) at once, removing the consumer once it holds none; then
+# entries of any consumer idle for the lease (XAUTOCLAIM).
 _RECLAIM = """
+local t = redis.call('TIME')
+local now = t[1] + t[2] / 1e6
+local group, me = ARGV[1], ARGV[2]
 local out, left = {}, tonumber(ARGV[4])
-for i, key in ipairs(KEYS) do
-  local start = '0-0'
-  repeat
-    local r = redis.call('XAUTOCLAIM', key, ARGV[1], ARGV[2], ARGV[3], start, 'COUNT', left)
-    start = r[1]
-    for _, entry in ipairs(r[2]) do
-      if entry[2] then
-        table.insert(out, {i - 1, entry[1], entry[2][2]})
-        left = left - 1
+local function keep(level, entries)
+  for _, entry in ipairs(entries) do
+    -- an entry deleted from the stream is dropped from the pending list, not returned
+    if type(entry) == 'table' and entry[2] then
+      table.insert(out, {level, entry[1], entry[2][2]})
+      left = left - 1
+    end
+  end
+end
+for i = 1, #KEYS - 1 do
+  local key = KEYS[i]
+  if redis.call('EXISTS', key) == 0 then  -- XINFO would say "no such key"
+    return redis.error_reply('NOGROUP the queue ' .. key .. ' is gone')
+  end
+  for _, c in ipairs(redis.call('XINFO', 'CONSUMERS', key, group)) do
+    local info = {}
+    for j = 1, #c, 2 do info[c[j]] = c[j + 1] end
+    local expiry = redis.call('ZSCORE', KEYS[#KEYS], info.name)
+    if info.name ~= me and (not expiry or tonumber(expiry) <= now) then
+      local pending = info.pending
+      if pending > 0 and left > 0 then
+        local ids = {}
+        for _, p in ipairs(redis.call('XPENDING', key, group, '-', '+', left, info.name)) do
+          table.insert(ids, p[1])
+        end
+        keep(i - 1, redis.call('XCLAIM', key, group, me, 0, unpack(ids)))
+        pending = #redis.call('XPENDING', key, group, '-', '+', 1, info.name)
+      end
+      if pending == 0 then
+        redis.call('XGROUP', 'DELCONSUMER', key, group, info.name)
       end
     end
-  until left <= 0 or start == '0-0'
+  end
+  local start = '0-0'
+  while left > 0 do
+    local r = redis.call('XAUTOCLAIM', key, group, me, ARGV[3], start, 'COUNT', left)
+    start = r[1]
+    keep(i - 1, r[2])
+    if start == '0-0' then break end
+  end
   if left <= 0 then break end
 end
 return out
@@ -181,6 +267,16 @@ if redis.call('XACK', KEYS[1], ARGV[1], ARGV[2]) == 1 then
   redis.call('XADD', KEYS[1], '*', 'task', ARGV[3])
 end
 return 0
+"""
+
+# KEYS: task, events; ARGV: event name/data pairs. Only while the task runs: nothing is
+# appended after its terminal event, and no stream is made for a task that is gone.
+_APPEND = """
+if redis.call('HGET', KEYS[1], 'status') ~= 'running' then return 0 end
+for i = 1, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
+end
+return 1
 """
 
 # Worker expiry uses the server's clock, so workers on machines with skewed clocks agree.
@@ -240,6 +336,70 @@ def _ms(seconds: float) -> int:
     return max(1, int(seconds * 1000))
 
 
+# KEYS: outbox, delivery notices; ARGV: delivery key prefix, ttl, then 3 per delivery:
+# webhook id, data, host
+_ENQUEUE = (
+    _LUA_OUTBOX
+    + """
+local added, now = 0, now_ms()
+for i = 3, #ARGV, 3 do
+  added = added + add_delivery(KEYS[1], ARGV[1] .. ARGV[i], ARGV[i], ARGV[i + 1], ARGV[i + 2],
+                               ARGV[2], now)
+end
+if added > 0 then
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'v', added)
+end
+return added
+"""
+)
+
+# KEYS: outbox; ARGV: consumer, limit, lease ms, room of a host not in the pairs, delivery
+# key prefix, rows to look at, defer ms, then host/room pairs.
+# Returns {datas, ms until the next entry is due or false}.
+_CLAIM_DELIVERIES = (
+    _LUA_OUTBOX
+    + """
+local now = now_ms()
+local room = {}
+for i = 8, #ARGV, 2 do room[ARGV[i]] = tonumber(ARGV[i + 1]) end
+local limit, out = tonumber(ARGV[2]), {}
+local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', now, 'LIMIT', 0, tonumber(ARGV[6]))
+for _, id in ipairs(due) do
+  local key = ARGV[5] .. id
+  local row = redis.call('HMGET', key, 'data', 'host')
+  if not row[1] then
+    redis.call('ZREM', KEYS[1], id)  -- its row expired with its task
+  else
+    local left = room[row[2]] or tonumber(ARGV[4])
+    if left > 0 and #out < limit then
+      room[row[2]] = left - 1
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), id)
+      redis.call('HSET', key, 'owner', ARGV[1])
+      table.insert(out, row[1])
+    elseif left <= 0 then
+      redis.call('ZADD', KEYS[1], now + tonumber(ARGV[7]), id)  -- let other hosts by
+    end
+  end
+end
+local first = redis.call('ZRANGE', KEYS[1], 0, 0, 'WITHSCORES')
+local wait = false
+if first[2] then wait = tonumber(first[2]) - now end
+return {out, wait}
+"""
+)
+
+# KEYS: outbox, delivery row; ARGV: consumer, webhook id, data, delay ms
+_RETRY_DELIVERY = (
+    _LUA_OUTBOX
+    + """
+if redis.call('HGET', KEYS[2], 'owner') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[2], 'data', ARGV[3], 'owner', '')
+redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[4]), ARGV[2])
+return 1
+"""
+)
+
+
 @contextmanager
 def _unavailable() -> Iterator[None]:
     """Turn connection failures and timeouts into :class:`StoreUnavailable`."""
@@ -247,6 +407,16 @@ def _unavailable() -> Iterator[None]:
         yield
     except _UNAVAILABLE as e:
         raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password (for messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
 
 
 def _index_member(task_id: str) -> str:
@@ -287,6 +457,11 @@ class RedisStore(TaskStore):
         self._release = self._r.register_script(_RELEASE)
         self._register = self._r.register_script(_REGISTER)
         self._live = self._r.register_script(_LIVE)
+        self._append = self._r.register_script(_APPEND)
+        self._enqueue = self._r.register_script(_ENQUEUE)
+        self._claim_deliveries = self._r.register_script(_CLAIM_DELIVERIES)
+        self._retry_delivery = self._r.register_script(_RETRY_DELIVERY)
+        self._url = settings.redis_url
 
     @property
     def client(self) -> Redis:
@@ -314,7 +489,20 @@ class RedisStore(TaskStore):
     def _workers_key(self) -> str:
         return f"{self._prefix}:workers"
 
+    @property
+    def _outbox_key(self) -> str:
+        return f"{self._prefix}:outbox"
+
+    def _delivery_key(self, webhook_id: str) -> str:
+        return f"{self._prefix}:dlv:{webhook_id}"
+
+    def _notice_key(self, topic: Notice) -> str:
+        return f"{self._prefix}:notice:{topic.value}"
+
     # --- lifecycle --------------------------------------------------------------------
+    def describe(self) -> str:
+        return f"Redis at {redacted(self._url)}"
+
     async def start(self) -> None:
         with _unavailable():
             await self._create_groups()
@@ -328,16 +516,20 @@ class RedisStore(TaskStore):
                 if "BUSYGROUP" not in str(e):
                     raise
 
-    async def _grouped(self, call: Callable[[], Awaitable[_T]]) -> _T:
-        """Run a queue command; if the consumer group is gone (Redis restarted without
-        persistence, or the streams were deleted), recreate the groups and run it again."""
+    async def _grouped(self, call: Callable[[], Awaitable[_T]], *, again: bool = True) -> _T:
+        """Run a queue command; if the consumer group is gone (NOGROUP: Redis restarted
+        without persistence, or the streams were deleted; UNBLOCKED: a stream was deleted
+        under a blocking read), recreate the groups and run it again (``again``; else the
+        ResponseError is raised, for the caller to treat as "nothing read")."""
         try:
             return await call()
         except rexc.ResponseError as e:
-            if not str(e).startswith("NOGROUP"):
+            if not str(e).startswith(_GROUP_LOST):
                 raise
-        log.warning("the consumer groups are gone (Redis restarted empty?); recreating them")
-        await self._create_groups()
+            log.warning("a queue read failed (%s); recreating the consumer groups", e)
+            await self._create_groups()
+            if not again:
+                raise
         return await call()
 
     async def close(self) -> None:
@@ -465,6 +657,7 @@ class RedisStore(TaskStore):
         self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
     ) -> bool:
         new_rev = task.rev + 1
+        deliveries = task_deliveries(task, events)
         args: list[str | int] = [
             task.rev,
             new_rev,
@@ -472,10 +665,22 @@ class RedisStore(TaskStore):
             task.status.value,
             "1" if is_terminal(task.status) else "0",
             self._ttl,
+            task.id,
+            self._delivery_key(""),
+            len(deliveries),
         ]
+        for entry in deliveries:
+            args += [entry.webhook_id, entry.to_storage(), entry.host]
         for name, data in events:
             args += [name, json.dumps(data)]
-        keys = [self._task_key(task.id), self._pending_key, self._events_key(task.id)]
+        keys = [
+            self._task_key(task.id),
+            self._pending_key,
+            self._events_key(task.id),
+            self._outbox_key,
+            self._notice_key(Notice.cancel),
+            self._notice_key(Notice.outbox),
+        ]
         with _unavailable():
             written = await self._update(keys=keys, args=args)
         if written:
@@ -500,11 +705,17 @@ class RedisStore(TaskStore):
             return None
         with _unavailable():
             async with asyncio.timeout(block_ms / 1000 + self._timeout):
-                reply: Any = await self._grouped(
-                    lambda: self._rb.xreadgroup(
-                        GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                try:
+                    reply: Any = await self._grouped(
+                        lambda: self._rb.xreadgroup(
+                            GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                        ),
+                        again=False,
                     )
-                )
+                except rexc.ResponseError as e:
+                    if not str(e).startswith(_GROUP_LOST):
+                        raise
+                    return None  # the groups are back: the next claim reads them
         got = {
             keys.index(key): Claim(fields["task"], priorities[keys.index(key)], entry_id)
             for key, entries in reply
@@ -520,7 +731,7 @@ class RedisStore(TaskStore):
     async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
         if limit < 1:
             return []
-        keys = [self._queue_key(p) for p in range(NUM_PRIORITIES)]
+        keys = [*(self._queue_key(p) for p in range(NUM_PRIORITIES)), self._workers_key]
         args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
         with _unavailable():
             taken = await self._grouped(lambda: self._reclaim(keys=keys, args=args))
@@ -567,6 +778,96 @@ class RedisStore(TaskStore):
                     )
                 entries = [entry for _, stream_entries in reply for entry in stream_entries]
         return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
+
+    # --- streamed text (delta events) -------------------------------------------------
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        if not events:
+            return True
+        args = [part for name, data in events for part in (name, json.dumps(data))]
+        keys = [self._task_key(task_id), self._events_key(task_id)]
+        with _unavailable():
+            return bool(await self._append(keys=keys, args=args))
+
+    # --- notices ----------------------------------------------------------------------
+    async def read_notices(
+        self, topic: Notice, after: str | None, block_ms: int
+    ) -> tuple[str, list[str]]:
+        """The cursor is a stream id; None starts after the newest notice."""
+        key = self._notice_key(topic)
+        with _unavailable():
+            if after is None:
+                newest: Any = await self._r.xrevrange(key, "+", "-", count=1)
+                after = newest[0][0] if newest else "0-0"
+            entries: Any = await self._r.xrange(key, f"({after}", "+", 100)
+            if not entries and block_ms > 0:
+                async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                    reply: Any = await self._rb.xread({key: after}, count=100, block=block_ms)
+                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+        if not entries:
+            return after, []
+        return entries[-1][0], [fields["v"] for _, fields in entries]
+
+    # --- webhook outbox ---------------------------------------------------------------
+    async def enqueue_deliveries(self, entries: Sequence[OutboxEntry]) -> None:
+        if not entries:
+            return
+        args: list[str | int] = [self._delivery_key(""), self._ttl]
+        for entry in entries:
+            args += [entry.webhook_id, entry.to_storage(), entry.host]
+        keys = [self._outbox_key, self._notice_key(Notice.outbox)]
+        with _unavailable():
+            await self._enqueue(keys=keys, args=args)
+
+    async def claim_deliveries(
+        self,
+        consumer: str,
+        limit: int,
+        lease_s: float,
+        *,
+        host_room: Mapping[str, int],
+        per_host: int,
+    ) -> tuple[list[OutboxEntry], float | None]:
+        if limit < 1:
+            return [], None
+        args: list[str | int] = [
+            consumer,
+            limit,
+            round(lease_s * 1000),
+            per_host,
+            self._delivery_key(""),
+            limit + _DELIVERY_SCAN,
+            _BUSY_HOST_DEFER_MS,
+        ]
+        for host, room in host_room.items():
+            args += [host, room]
+        with _unavailable():
+            datas, wait_ms = await self._claim_deliveries(keys=[self._outbox_key], args=args)
+        entries = [OutboxEntry.from_storage(d) for d in datas]
+        return entries, None if wait_ms is None else int(wait_ms) / 1000
+
+    async def retry_delivery(self, consumer: str, entry: OutboxEntry, delay_s: float) -> bool:
+        keys = [self._outbox_key, self._delivery_key(entry.webhook_id)]
+        args: list[str | int] = [
+            consumer,
+            entry.webhook_id,
+            entry.to_storage(),
+            round(delay_s * 1000),
+        ]
+        with _unavailable():
+            return bool(await self._retry_delivery(keys=keys, args=args))
+
+    async def finish_delivery(self, webhook_id: str) -> None:
+        with _unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.zrem(self._outbox_key, webhook_id)
+                pipe.delete(self._delivery_key(webhook_id))
+                await pipe.execute()
+
+    async def outbox_depth(self) -> int:
+        with _unavailable():
+            return int(await self._r.zcard(self._outbox_key))
 
     # --- liveness ---------------------------------------------------------------------
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:

@@ -5,9 +5,11 @@ writes more than one row runs in one ``BEGIN IMMEDIATE`` transaction, so it is a
 and later readers on the same connection never see half of it.
 
 Waiting is in-process: :meth:`claim` waits on a signal fired by :meth:`create_task` and
-:meth:`release`, :meth:`read_events` on one fired by :meth:`update_task` for that task.
-Hence the single-process rule: another process writing the same file would not wake
-these waiters (it would still be correct, only slower, up to ``block_ms``).
+:meth:`release`, :meth:`read_events` on one fired by :meth:`update_task` for that task,
+and notices (cancels, new webhook deliveries) live in memory only. Hence the
+single-process rule: another process writing the same file would not wake these waiters
+(claims and events would still be correct, only slower, up to ``block_ms``; notices
+would not reach it).
 
 The pending figures are counted from the tasks table (indexed), so they cannot drift.
 A batch line's row has ``lane`` = ``batch``: other tasks are admitted against the pending
@@ -22,7 +24,8 @@ import asyncio
 import json
 import sqlite3
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections import deque
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from contextlib import asynccontextmanager, contextmanager
 from pathlib import Path
 from typing import Any
@@ -32,10 +35,12 @@ import aiosqlite
 from ponder.config import NUM_PRIORITIES, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, StoreUnavailable
 from ponder.ids import parse_task_id, sort_key
+from ponder.outbox import OutboxEntry, task_deliveries
 from ponder.states import is_terminal
 from ponder.store.base import (
     Claim,
     Event,
+    Notice,
     StoredObject,
     TaskStore,
     check_new_task,
@@ -46,6 +51,12 @@ from ponder.types import Task, TaskStatus
 __all__ = ["SqliteStore"]
 
 PURGE_INTERVAL_S = 60.0
+#: notices kept per topic
+NOTICES_KEPT = 1000
+#: rows looked at per claim of deliveries, beyond the limit (some may be for busy hosts)
+_DELIVERY_SCAN = 64
+#: a due delivery whose host is at its limit waits this long before it is looked at again
+_BUSY_HOST_DEFER_S = 1.0
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -86,6 +97,16 @@ CREATE TABLE IF NOT EXISTS idempotency (
     PRIMARY KEY (owner, key)
 );
 CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS outbox (
+    id TEXT PRIMARY KEY,
+    host TEXT NOT NULL,
+    due_at REAL NOT NULL,
+    owner TEXT,
+    data TEXT NOT NULL,
+    expires_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS outbox_due ON outbox (due_at);
+CREATE TABLE IF NOT EXISTS outbox_once (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
 """
 
 _LIVE = "(expires_at IS NULL OR expires_at > ?)"
@@ -99,6 +120,23 @@ def _unavailable() -> Iterator[None]:
         yield
     except sqlite3.OperationalError as e:
         raise StoreUnavailable(f"the SQLite store is unavailable: {e}") from e
+
+
+class _Notices:
+    """One notice topic: the last :data:`NOTICES_KEPT` notices, numbered from 1."""
+
+    def __init__(self) -> None:
+        self.kept: deque[tuple[int, str]] = deque(maxlen=NOTICES_KEPT)
+        self.last = 0
+        self.posted = _Signal()
+
+    def post(self, value: str) -> None:
+        self.last += 1
+        self.kept.append((self.last, value))
+        self.posted.fire()
+
+    def after(self, seq: int) -> list[tuple[int, str]]:
+        return [(n, v) for n, v in self.kept if n > seq]
 
 
 class _Signal:
@@ -142,6 +180,7 @@ class SqliteStore(TaskStore):
         self._lock = asyncio.Lock()
         self._queued = _Signal()
         self._events: dict[str, _Signal] = {}
+        self._notices = {topic: _Notices() for topic in Notice}
         self._purged_at = 0.0
 
     # --- plumbing ---------------------------------------------------------------------
@@ -150,7 +189,7 @@ class SqliteStore(TaskStore):
         """The connection, held alone: for single statements."""
         async with self._lock:
             if self._db is None:
-                raise RuntimeError("the store is not started")
+                raise StoreUnavailable(f"the SQLite store at {self._path} is not open")
             with _unavailable():
                 yield self._db
 
@@ -170,7 +209,7 @@ class SqliteStore(TaskStore):
     async def _purge(self, db: aiosqlite.Connection, now: float) -> None:
         for table in ("events", "queue"):
             await db.execute(f"DELETE FROM {table} WHERE task_id IN ({_EXPIRED})", (now,))
-        for table in ("tasks", "idempotency", "workers"):
+        for table in ("tasks", "idempotency", "workers", "outbox", "outbox_once"):
             await db.execute(f"DELETE FROM {table} WHERE expires_at <= ?", (now,))
         await _purge_objects(db, now)
         self._purged_at = now
@@ -180,7 +219,8 @@ class SqliteStore(TaskStore):
         """Open the file, create the schema, purge expired rows and release every claim.
 
         Claims are released because this process is the store's only user: whatever a
-        previous run had claimed was abandoned when it stopped.
+        previous run had claimed was abandoned when it stopped (a webhook being sent is
+        due again at once; scheduled ones keep their time).
         """
         if self._db is not None:
             return
@@ -197,8 +237,15 @@ class SqliteStore(TaskStore):
                 raise
         self._db = db
         async with self._tx() as db:
-            await self._purge(db, time.time())
+            now = time.time()
+            await self._purge(db, now)
             await db.execute("UPDATE queue SET consumer = NULL, claimed_at = NULL")
+            await db.execute(
+                "UPDATE outbox SET owner = NULL, due_at = ? WHERE owner IS NOT NULL", (now,)
+            )
+
+    def describe(self) -> str:
+        return f"the SQLite store at {self._path}"
 
     async def close(self) -> None:
         async with self._lock:
@@ -210,7 +257,7 @@ class SqliteStore(TaskStore):
         try:
             async with self._conn() as db:
                 await db.execute("SELECT 1")
-        except (StoreUnavailable, RuntimeError):
+        except StoreUnavailable:
             return False
         return True
 
@@ -321,21 +368,24 @@ class SqliteStore(TaskStore):
         now = time.time()
         new_rev = task.rev + 1
         async with self._tx() as db:
-            cur = await db.execute(
-                "UPDATE tasks SET status = ?, rev = ?, data = ?, expires_at = ?"
-                f" WHERE id = ? AND rev = ? AND {_LIVE}",
+            row = await _first(
+                db,
+                f"SELECT status FROM tasks WHERE id = ? AND rev = ? AND {_LIVE}",
+                (task.id, task.rev, now),
+            )
+            if row is None:
+                return False
+            await db.execute(
+                "UPDATE tasks SET status = ?, rev = ?, data = ?, expires_at = ? WHERE id = ?",
                 (
                     task.status.value,
                     new_rev,
                     task.model_copy(update={"rev": new_rev}).to_storage(),
                     now + self._ttl if is_terminal(task.status) else None,
                     task.id,
-                    task.rev,
-                    now,
                 ),
             )
-            if cur.rowcount != 1:
-                return False
+            added = await self._add_deliveries(db, task_deliveries(task, events), now)
             await db.executemany(
                 "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
                 [(task.id, name, json.dumps(data)) for name, data in events],
@@ -343,6 +393,10 @@ class SqliteStore(TaskStore):
         task.rev = new_rev
         if events and (signal := self._events.get(task.id)) is not None:
             signal.fire()
+        if task.status is TaskStatus.cancelled and row[0] != TaskStatus.cancelled:
+            self._notices[Notice.cancel].post(task.id)
+        if added:
+            self._notices[Notice.outbox].post(str(added))
         return True
 
     # --- worker side ------------------------------------------------------------------
@@ -366,14 +420,17 @@ class SqliteStore(TaskStore):
                 return None
 
     async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        """A consumer is dead when it is not in the workers table with an expiry ahead."""
         now = time.time()
         async with self._conn() as db:
             rows = await db.execute_fetchall(
                 "UPDATE queue SET consumer = ?, claimed_at = ? WHERE id IN"
-                " (SELECT id FROM queue WHERE consumer IS NOT NULL AND claimed_at <= ?"
+                " (SELECT id FROM queue WHERE consumer IS NOT NULL AND (claimed_at <= ? OR"
+                "   (consumer != ? AND consumer NOT IN"
+                "    (SELECT id FROM workers WHERE expires_at > ?)))"
                 "  ORDER BY priority, id LIMIT ?)"
                 " RETURNING id, task_id, priority",
-                (consumer, now, now - min_idle_s, limit),
+                (consumer, now, now - min_idle_s, consumer, now, limit),
             )
         return [Claim(t, int(p), str(i)) for i, t, p in sorted(rows, key=lambda r: (r[2], r[0]))]
 
@@ -423,6 +480,126 @@ class SqliteStore(TaskStore):
             signal.users -= 1
             if not signal.users:
                 del self._events[task_id]
+
+    # --- streamed text (delta events) -------------------------------------------------
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        if not events:
+            return True
+        async with self._tx() as db:
+            running = await _first(
+                db,
+                f"SELECT 1 FROM tasks WHERE id = ? AND status = 'running' AND {_LIVE}",
+                (task_id, time.time()),
+            )
+            if running is None:
+                return False
+            await db.executemany(
+                "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
+                [(task_id, name, json.dumps(data)) for name, data in events],
+            )
+        if (signal := self._events.get(task_id)) is not None:
+            signal.fire()
+        return True
+
+    # --- notices ----------------------------------------------------------------------
+    async def read_notices(
+        self, topic: Notice, after: str | None, block_ms: int
+    ) -> tuple[str, list[str]]:
+        """The cursor is the notice's number in this process; None starts after the last."""
+        notices = self._notices[topic]
+        last = notices.last if after is None else int(after)
+        deadline = asyncio.get_running_loop().time() + block_ms / 1000
+        while True:
+            woken = notices.posted.waiter()
+            got = notices.after(last)
+            if got or block_ms <= 0 or not await _wait(woken, deadline):
+                break
+        return (str(got[-1][0]) if got else str(last)), [v for _, v in got]
+
+    # --- webhook outbox ---------------------------------------------------------------
+    async def _add_deliveries(
+        self, db: aiosqlite.Connection, entries: Sequence[OutboxEntry], now: float
+    ) -> int:
+        """Add each entry whose id was never added (within the ttl); how many were."""
+        added = 0
+        for entry in entries:
+            once = await db.execute(
+                "INSERT OR IGNORE INTO outbox_once VALUES (?, ?)",
+                (entry.webhook_id, now + self._ttl),
+            )
+            if once.rowcount != 1:
+                continue
+            await db.execute(
+                "INSERT OR REPLACE INTO outbox (id, host, due_at, data, expires_at)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (entry.webhook_id, entry.host, now, entry.to_storage(), now + self._ttl),
+            )
+            added += 1
+        return added
+
+    async def enqueue_deliveries(self, entries: Sequence[OutboxEntry]) -> None:
+        if not entries:
+            return
+        async with self._tx() as db:
+            added = await self._add_deliveries(db, entries, time.time())
+        if added:
+            self._notices[Notice.outbox].post(str(added))
+
+    async def claim_deliveries(
+        self,
+        consumer: str,
+        limit: int,
+        lease_s: float,
+        *,
+        host_room: Mapping[str, int],
+        per_host: int,
+    ) -> tuple[list[OutboxEntry], float | None]:
+        if limit < 1:
+            return [], None
+        now = time.time()
+        room = dict(host_room)
+        taken: list[OutboxEntry] = []
+        async with self._tx() as db:
+            due = await db.execute_fetchall(
+                "SELECT id, host, data FROM outbox WHERE due_at <= ? AND expires_at > ?"
+                " ORDER BY due_at, id LIMIT ?",
+                (now, now, limit + _DELIVERY_SCAN),
+            )
+            for webhook_id, host, data in due:
+                left = room.get(host, per_host)
+                if left > 0 and len(taken) < limit:
+                    room[host] = left - 1
+                    taken.append(OutboxEntry.from_storage(data))
+                    await db.execute(
+                        "UPDATE outbox SET due_at = ?, owner = ? WHERE id = ?",
+                        (now + lease_s, consumer, webhook_id),
+                    )
+                elif left <= 0:  # let other hosts by
+                    await db.execute(
+                        "UPDATE outbox SET due_at = ? WHERE id = ?",
+                        (now + _BUSY_HOST_DEFER_S, webhook_id),
+                    )
+            first = await _first(db, "SELECT MIN(due_at) FROM outbox")
+        return taken, None if first[0] is None else first[0] - now
+
+    async def retry_delivery(self, consumer: str, entry: OutboxEntry, delay_s: float) -> bool:
+        async with self._conn() as db:
+            cur = await db.execute(
+                "UPDATE outbox SET data = ?, owner = NULL, due_at = ? WHERE id = ? AND owner = ?",
+                (entry.to_storage(), time.time() + delay_s, entry.webhook_id, consumer),
+            )
+        return cur.rowcount == 1
+
+    async def finish_delivery(self, webhook_id: str) -> None:
+        async with self._conn() as db:
+            await db.execute("DELETE FROM outbox WHERE id = ?", (webhook_id,))
+
+    async def outbox_depth(self) -> int:
+        async with self._conn() as db:
+            row = await _first(db, "SELECT COUNT(*) FROM outbox")
+        return int(row[0])
 
     # --- liveness ---------------------------------------------------------------------
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:

@@ -1,0 +1,85 @@
+"""The web console at ``/console``: static files shipped inside the package.
+
+No build step and no CDN: the page, its script, styles and icon are files in
+``ponder/console/`` (package data), served from memory by this process. A strict
+Content-Security-Policy (``'self'`` only) makes the browser refuse anything from
+elsewhere, so "everything it loads comes from the service" is enforced, not hoped for.
+
+The console talks to the same API as every client (``/v1/tasks``, ``/v1/overview``, the
+events stream read with ``fetch`` so that an API key travels in the ``Authorization``
+header, never in a URL). ``/console/config.json`` tells it whether API keys are on; if
+so it asks for one before its first call and keeps it in the tab's session storage.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+from importlib import resources
+from typing import Annotated
+
+from fastapi import APIRouter, Depends
+from fastapi.responses import JSONResponse, RedirectResponse, Response
+
+from ponder.api.deps import AppState, get_state
+from ponder.api.errors import ApiError
+
+__all__ = ["router"]
+
+router = APIRouter(tags=["console"], include_in_schema=False)
+
+#: the files of the console and their media types
+FILES = {
+    "index.html": "text/html; charset=utf-8",
+    "app.js": "text/javascript; charset=utf-8",
+    "style.css": "text/css; charset=utf-8",
+    "favicon.svg": "image/svg+xml",
+}
+_HEADERS = {
+    "Content-Security-Policy": (
+        "default-src 'self'; script-src 'self'; style-src 'self'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    ),
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    "Cache-Control": "no-cache",
+}
+
+
+@cache
+def _read(name: str) -> bytes:
+    return (resources.files("ponder") / "console" / name).read_bytes()
+
+
+def _file(name: str) -> Response:
+    if name not in FILES:
+        raise ApiError(404, "not_found", f"the console has no file {name!r}")
+    return Response(_read(name), media_type=FILES[name], headers=_HEADERS)
+
+
+@router.get("/")
+async def root() -> RedirectResponse:
+    """The service's root opens the console."""
+    return RedirectResponse("/console", status_code=307)
+
+
+@router.get("/console/config.json")
+async def console_config(state: Annotated[AppState, Depends(get_state)]) -> JSONResponse:
+    """What the page must know before its first API call: whether it needs a key."""
+    return JSONResponse({"auth": bool(state.settings.api_keys)}, headers=_HEADERS)
+
+
+@router.get("/console")
+async def console_page() -> Response:
+    """The console's page."""
+    return _file("index.html")
+
+
+@router.get("/console/")
+async def console_slash() -> RedirectResponse:
+    return RedirectResponse("/console", status_code=308)
+
+
+@router.get("/console/{name}")
+async def console_file(name: str) -> Response:
+    """One of the console's static files."""
+    return _file(name)

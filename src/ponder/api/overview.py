@@ -1,0 +1,168 @@
+"""``GET /v1/overview``: what the service is doing now, for the web console.
+
+Two sources:
+
+- **the store** (every deployment): pending tasks by priority (the queue depth) and the
+  live workers;
+- **this process's worker runtime** (the all-in-one ``ponder serve``): tasks running in
+  its workers, the engine's live state (``engine.describe()``: rows running, prefilling
+  and queued, counters), tokens/s, and tasks finished per status — since the process
+  started, and per minute over the last minutes.
+
+An API-only process (``ponder api``, the split deployment) has no engine: its overview
+has the store's figures and ``engine``, ``tasks_running``, ``tokens_per_s`` and
+``finished`` are null, with a ``note`` that says so (those figures live in the worker
+processes).
+
+The per-minute figures and tokens/s come from snapshots of this process's counters taken
+when the overview is read (at most one a second, the last 15 minutes kept): they cover the
+time the overview has been watched (``finished.since``), and nothing runs in the background
+for them.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING, Annotated, Any
+
+from fastapi import APIRouter, Depends, Request
+
+from ponder import metrics
+from ponder.api.deps import AppState, get_owner, get_state, rate_limit
+from ponder.types import TaskStatus
+
+if TYPE_CHECKING:
+    from ponder.runtime import WorkerRuntime
+
+__all__ = ["router"]
+
+router = APIRouter(prefix="/v1", tags=["operations"], dependencies=[Depends(rate_limit)])
+
+_FINISHED = [
+    s.value
+    for s in (TaskStatus.done, TaskStatus.partial_done, TaskStatus.failed, TaskStatus.cancelled)
+]
+#: snapshots closer together than this replace each other
+_MIN_GAP_S = 1.0
+_KEEP_S = 15 * 60.0
+_BUCKET_S = 60
+_BUCKETS = 10
+#: tokens/s is measured over this much of the latest history
+_RATE_WINDOW_S = 10.0
+SPLIT_NOTE = (
+    "this process serves the API only (`ponder api`): engine rows, tokens/s and the tasks "
+    "running and finished are known to the worker processes"
+)
+
+
+@dataclass(frozen=True)
+class _Snapshot:
+    at: float  # wall clock, s
+    tokens: float
+    finished: dict[str, float]
+
+
+@dataclass
+class _History:
+    snapshots: deque[_Snapshot] = field(default_factory=deque)
+
+    def add(self, snapshot: _Snapshot) -> None:
+        """Keep one snapshot a second (the latest always fresh) for the last 15 minutes."""
+        recent = self.snapshots
+        if len(recent) >= 2 and recent[-1].at - recent[-2].at < _MIN_GAP_S:
+            recent[-1] = snapshot
+        else:
+            recent.append(snapshot)
+        while snapshot.at - recent[0].at > _KEEP_S:
+            recent.popleft()
+
+    def tokens_per_s(self) -> float | None:
+        """Over the last ~10 s of snapshots (None before there are two)."""
+        if len(self.snapshots) < 2:
+            return None
+        last = self.snapshots[-1]
+        window = [s for s in self.snapshots if last.at - s.at <= _RATE_WINDOW_S]
+        first = window[0] if len(window) >= 2 else self.snapshots[-2]
+        if last.at <= first.at:
+            return None
+        return max(0.0, (last.tokens - first.tokens) / (last.at - first.at))
+
+    def per_minute(self) -> list[dict[str, Any]]:
+        """Tasks finished per status in each of the last minutes (oldest first), from the
+        difference of successive snapshots, counted in the minute of the later one."""
+        now = self.snapshots[-1].at
+        start = (int(now) // _BUCKET_S - _BUCKETS + 1) * _BUCKET_S
+        counts = [dict.fromkeys(_FINISHED, 0) for _ in range(_BUCKETS)]
+        for before, after in itertools.pairwise(self.snapshots):
+            slot = (int(after.at) - start) // _BUCKET_S
+            if 0 <= slot < _BUCKETS:
+                for status in _FINISHED:
+                    counts[slot][status] += round(after.finished[status] - before.finished[status])
+        return [{"start": _iso(start + i * _BUCKET_S), **bucket} for i, bucket in enumerate(counts)]
+
+
+def _iso(at: float) -> str:
+    return datetime.fromtimestamp(at, UTC).isoformat().replace("+00:00", "Z")
+
+
+def _counter(name: str, labels: dict[str, str] | None = None) -> float:
+    return metrics.REGISTRY.get_sample_value(name, labels or {}) or 0.0
+
+
+def _history(request: Request) -> _History:
+    history: _History | None = getattr(request.app.state, "overview_history", None)
+    if history is None:
+        history = request.app.state.overview_history = _History()
+    return history
+
+
+def _runtime_figures(runtime: WorkerRuntime, history: _History) -> dict[str, Any]:
+    engine = runtime.engine
+    described = engine.describe()
+    # continuous engines count tokens per step; others when each sample ends
+    tokens = described.get("tokens", _counter("ponder_completion_tokens_total"))
+    finished = {s: _counter("ponder_tasks_finished_total", {"status": s}) for s in _FINISHED}
+    history.add(_Snapshot(time.time(), float(tokens), finished))
+    return {
+        "tasks_running": sum(worker.in_flight for worker in runtime.workers),
+        "engine": {"name": engine.name, "model": engine.model_name, **described},
+        "tokens_per_s": history.tokens_per_s(),
+        "finished": {
+            "total": {s: round(n) for s, n in finished.items()},
+            "since": _iso(history.snapshots[0].at),
+            "bucket_s": _BUCKET_S,
+            "recent": history.per_minute(),
+        },
+    }
+
+
+@router.get("/overview")
+async def overview(
+    request: Request,
+    state: Annotated[AppState, Depends(get_state)],
+    _owner: Annotated[str, Depends(get_owner)],
+) -> dict[str, Any]:
+    """Queue depth per priority, live workers and — where this process runs workers — the
+    tasks running, the engine's rows, tokens/s and tasks finished per status."""
+    depths = await state.store.queue_depths()
+    runtime: WorkerRuntime | None = getattr(request.app.state, "runtime", None)
+    body: dict[str, Any] = {
+        "time": _iso(time.time()),
+        "role": "all-in-one" if runtime is not None else "api",
+        "queue": {"pending": sum(depths.values()), "by_priority": depths},
+        "workers": await state.store.live_workers(),
+        "tasks_running": None,
+        "engine": None,
+        "tokens_per_s": None,
+        "finished": None,
+        "note": None,
+    }
+    if runtime is None:
+        body["note"] = SPLIT_NOTE
+    else:
+        body.update(_runtime_figures(runtime, _history(request)))
+    return body

@@ -1,0 +1,54 @@
+"""``/console``: the console's static files, served by the API process itself."""
+
+from __future__ import annotations
+
+import re
+
+import httpx
+import pytest
+
+from ponder.api.console import FILES
+from ponder.api.deps import key_digest
+from ponder.config import Settings
+from tests.conftest import LiveServer
+
+pytestmark = pytest.mark.timeout(30)
+
+
+async def test_the_page_and_its_files_come_from_the_service(client: httpx.AsyncClient) -> None:
+    page = await client.get("/console")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    csp = page.headers["content-security-policy"]
+    assert "default-src 'self'" in csp and "script-src 'self'" in csp
+    # everything the page names is one of the console's own files, under /console
+    linked = re.findall(r'(?:src|href)="([^"#]+)"', page.text)
+    assert linked and all(u.startswith("/console/") for u in linked)
+    assert {u.removeprefix("/console/") for u in linked} <= set(FILES)
+    for name, media_type in FILES.items():
+        response = await client.get(f"/console/{name}")
+        assert response.status_code == 200 and response.content
+        assert response.headers["content-type"] == media_type
+    script = (await client.get("/console/app.js")).text
+    assert "http://" not in script and "https://" not in script  # no other origin
+    assert (await client.get("/", follow_redirects=False)).headers["location"] == "/console"
+    assert (await client.get("/console/", follow_redirects=False)).headers["location"] == (
+        "/console"
+    )
+
+
+async def test_an_unknown_file_is_a_404_in_the_envelope(client: httpx.AsyncClient) -> None:
+    for name in ("nope.js", "..%2Fapi%2Fapp.py", "config.toml"):
+        response = await client.get(f"/console/{name}")
+        assert response.status_code == 404
+        assert response.json()["error"]["code"] == "not_found"
+
+
+async def test_config_says_whether_a_key_is_needed(settings: Settings) -> None:
+    for keys, auth in (([], False), ([key_digest("pk_a")], True)):
+        secured = settings.model_copy(update={"api_keys": keys})
+        async with (
+            LiveServer(secured, workers=0) as live,
+            httpx.AsyncClient(base_url=live.url) as c,
+        ):
+            assert (await c.get("/console/config.json")).json() == {"auth": auth}
+            assert (await c.get("/console")).status_code == 200  # the page itself needs no key

@@ -1,0 +1,204 @@
+"""The web console in a real browser (headless Chromium): what a user sees and does."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import httpx
+import pytest
+
+from ponder.api.deps import key_digest
+from tests.conftest import ThreadedServer
+from tests.console.browser import DESKTOP, PHONE, console_log, set_viewport
+from tests.console.conftest import app_service, console_settings
+
+if TYPE_CHECKING:
+    from selenium.webdriver.remote.webdriver import WebDriver
+
+pytestmark = pytest.mark.timeout(120)
+
+WAIT_S = 20.0
+
+
+def wait(driver: WebDriver, condition: Callable[[Any], Any], timeout_s: float = WAIT_S) -> Any:
+    """Until ``condition`` holds (an element missing, or replaced while read, is retried:
+    the page redraws as the task moves on)."""
+    from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    ignored = (NoSuchElementException, StaleElementReferenceException)
+    return WebDriverWait(driver, timeout_s, 0.05, ignored_exceptions=ignored).until(condition)
+
+
+def css(driver: WebDriver, selector: str) -> Any:
+    from selenium.webdriver.common.by import By
+
+    return driver.find_element(By.CSS_SELECTOR, selector)
+
+
+def all_css(driver: WebDriver, selector: str) -> list[Any]:
+    from selenium.webdriver.common.by import By
+
+    return list(driver.find_elements(By.CSS_SELECTOR, selector))
+
+
+def loaded(*selectors: str) -> Callable[[Any], bool]:
+    return lambda d: all(css(d, s).get_attribute("data-loaded") == "true" for s in selectors)
+
+
+def errors(driver: WebDriver) -> list[dict[str, Any]]:
+    """The console's warnings and errors (messages logged, exceptions, failed loads)."""
+    return [e for e in console_log(driver) if e["level"] in ("WARNING", "SEVERE")]
+
+
+def resources(driver: WebDriver) -> list[str]:
+    """Every URL the page loaded or fetched."""
+    script = "return performance.getEntriesByType('resource').map(e => e.name)"
+    return [str(u) for u in driver.execute_script(script)] + [driver.current_url]
+
+
+def submit(url: str, body: dict[str, Any], key: str | None = None) -> dict[str, Any]:
+    headers = {"Authorization": f"Bearer {key}"} if key else {}
+    response = httpx.post(f"{url}/v1/tasks", json=body, headers=headers, timeout=10)
+    assert response.status_code == 202, response.text
+    task: dict[str, Any] = response.json()
+    return task
+
+
+def test_the_page_loads_without_errors_at_desktop_and_phone_widths(
+    page: WebDriver, service: ThreadedServer
+) -> None:
+    submit(service.url, {"prompt": "[[answers: 3]]", "mode": "fast"})
+    for size in (DESKTOP, PHONE):
+        set_viewport(page, size)
+        page.get(f"{service.url}/console")
+        wait(page, loaded("#overview", "#tasks"))
+        width = page.execute_script("return document.documentElement.scrollWidth")
+        assert width <= size[0], f"the page is {width} px wide in a {size[0]} px viewport"
+        assert errors(page) == []
+        assert all(u.startswith(service.url) for u in resources(page)), resources(page)
+    wait(page, lambda d: css(d, "#overview [data-figure=pending]").text == "0")  # it ran
+
+
+def test_a_task_from_the_form_streams_into_the_page(
+    page: WebDriver, service: ThreadedServer
+) -> None:
+    # the process's counters are shared by every server of this test session
+    done_before = httpx.get(f"{service.url}/v1/overview").json()["finished"]["total"]["done"]
+    page.get(f"{service.url}/console#/new")
+    prompt = wait(page, lambda d: css(d, "#f-prompt"))
+    wait(page, lambda d: d.switch_to.active_element == prompt)  # the form has the focus
+    prompt.send_keys("What is 2+3? [[answers: 5, 4, 5]] [[tokens: 60]]")
+    css(page, "#f-samples").send_keys("3")
+    css(page, "#f-submit").click()
+    wait(page, lambda d: "#/tasks/" in d.current_url)
+    task_id = page.current_url.split("#/tasks/")[1]
+    seen: list[str] = []
+
+    def text_grows(d: Any) -> bool:  # sample 0's text, read while the task runs
+        status = css(d, "#task").get_attribute("data-status")
+        text = css(d, '.sample[data-index="0"] .text').text
+        if status == "running" and text:
+            seen.append(text)
+        return len(set(seen)) >= 2
+
+    wait(page, text_grows)
+    wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "done")
+    task = httpx.get(f"{service.url}/v1/tasks/{task_id}").json()
+    final = next(s["text"] for s in task["samples"] if s["index"] == 0)
+    assert all(final.startswith(text) and len(text) < len(final) for text in seen)
+    assert css(page, '.sample[data-index="0"] .text').text == final
+    assert css(page, "#answer").get_attribute("data-answer") == "5"
+    assert css(page, "#answer-value").text == "5"
+    votes = {v.get_attribute("data-answer"): v.get_attribute("data-count")
+             for v in all_css(page, "#votes .vote")}  # fmt: skip
+    assert votes == {"5": "2", "4": "1"}
+    assert css(page, "#votes").get_attribute("data-final") == "true"
+    assert errors(page) == []
+    # the overview, refreshed live, counts it
+    page.get(f"{service.url}/console")
+    done_now = f"done {done_before + 1}"
+    wait(page, lambda d: css(d, "#overview .chip[data-status=done]").text == done_now)
+
+
+def test_a_task_submitted_with_curl_appears_in_the_list(
+    page: WebDriver, service: ThreadedServer
+) -> None:
+    page.get(f"{service.url}/console")
+    wait(page, loaded("#tasks"))
+    task = submit(service.url, {"prompt": "[[answers: 8]]", "mode": "fast"})
+    row = wait(page, lambda d: all_css(d, f'tr[data-task="{task["id"]}"]'))[0]
+    row.find_element("css selector", "a").click()
+    wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "done")
+    assert css(page, "#answer-value").text == "8"
+    # the filter: a done task is not among the failed ones
+    page.get(f"{service.url}/console")
+    wait(page, loaded("#tasks"))
+    css(page, "#status-filter option[value=failed]").click()
+    wait(page, lambda d: not all_css(d, f'tr[data-task="{task["id"]}"]'))
+    assert "No failed tasks" in css(page, "#tasks tbody").text
+    assert errors(page) == []
+
+
+def test_cancel_from_the_task_view(page: WebDriver, service: ThreadedServer) -> None:
+    task = submit(service.url, {"prompt": "[[hang]]", "mode": "fast"})
+    page.get(f"{service.url}/console#/tasks/{task['id']}")
+    wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "running")
+    css(page, "#cancel").click()
+    wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "cancelled")
+    assert not css(page, "#cancel").is_displayed()
+    assert httpx.get(f"{service.url}/v1/tasks/{task['id']}").json()["status"] == "cancelled"
+    assert errors(page) == []
+
+
+def test_with_api_keys_it_asks_for_one_and_shows_only_that_keys_tasks(
+    page: WebDriver, tmp_path: Path
+) -> None:
+    settings = console_settings(tmp_path, api_keys=[key_digest("pk_a"), key_digest("pk_b")])
+    with app_service(settings) as live:
+        theirs = submit(live.url, {"prompt": "[[answers: 1]]", "mode": "fast"}, key="pk_a")
+        mine = submit(live.url, {"prompt": "[[answers: 2]] [[tokens: 60]]", "mode": "fast"},
+                      key="pk_b")  # fmt: skip
+        page.get(f"{live.url}/console")
+        dialog = wait(page, lambda d: css(d, "#key-dialog[open]"))
+        css(page, "#key-input").send_keys("pk_wrong")
+        css(page, "#key-form button").click()
+        wait(page, lambda d: "refused" in css(d, "#key-error").text)  # asked again
+        assert dialog.is_displayed()
+        css(page, "#key-input").send_keys("pk_b")
+        css(page, "#key-form button").click()
+        wait(page, loaded("#tasks", "#overview"))
+        rows = [r.get_attribute("data-task") for r in all_css(page, "#tasks tr[data-task]")]
+        assert rows == [mine["id"]]
+        assert page.execute_script("return sessionStorage.getItem('ponder-api-key')") == "pk_b"
+        assert "key …pk_b" in css(page, "#key-state").text
+        # the stream of its own task comes with the key in a header (no key in any URL)
+        page.get(f"{live.url}/console#/tasks/{mine['id']}")
+        wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "done")
+        assert css(page, "#answer-value").text == "2"
+        assert not any("pk_" in url for url in resources(page))
+        # another key's task is not there
+        page.get(f"{live.url}/console#/tasks/{theirs['id']}")
+        message = wait(page, lambda d: css(d, "#task-error")).text
+        assert "No such task" in message
+        # only the refused key and the other key's task made the browser log failures
+        failed = [e["message"] for e in errors(page)]
+        assert all(" 401 " in m or " 404 " in m for m in failed), failed
+
+
+def test_the_overview_of_an_api_only_process(page: WebDriver, tmp_path: Path) -> None:
+    """The split deployment: no engine here, so the overview has the store's figures."""
+    with app_service(console_settings(tmp_path), workers=0) as live:
+        for priority in (0, 3, 3):
+            submit(live.url, {"prompt": "x", "priority": priority})
+        page.get(f"{live.url}/console")
+        wait(page, loaded("#overview"))
+        assert css(page, "#overview [data-figure=pending]").text == "3"
+        assert css(page, "#overview [data-figure=running]").text == "—"
+        assert "API only" in css(page, "#overview-note").text
+        depths = [r.text.split() for r in all_css(page, "#overview .bar-row")]
+        assert ["P0", "1"] in depths and ["P3", "2"] in depths
+        assert all_css(page, "#overview [data-figure=rows]") == []
+        assert errors(page) == []
