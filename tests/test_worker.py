@@ -417,3 +417,50 @@ async def test_stop_sequences_reach_the_engine(h: Harness) -> None:
     task = await h.submit("[[answers: 1]]", mode="fast", stop=["\n\n", "Q:"])
     await h.wait(task.id)
     assert h.engine.requests[0].stop == ["\n\n", "Q:"]
+
+
+# --- the worker drives the mode's Strategy (issue 12) -------------------------------------
+
+
+async def test_the_request_target_confidence_reaches_the_stop_rule(h: Harness) -> None:
+    """Eight planned, three in flight: three agreeing answers give the leader 15/16 by the
+    Beta rule — enough for a 0.9 target, not for 0.99."""
+    h.start_worker()
+    prompt = "What is 6*7? [[answers: 42]]"
+    loose = await h.wait((await h.submit(prompt, samples=8, target_confidence=0.9)).id)
+    assert loose.samples_used == 3
+    assert loose.result is not None and loose.result.samples_saved == 5
+    assert loose.result.tokens_saved > 0
+    strict = await h.wait((await h.submit(prompt, samples=8, target_confidence=0.99)).id)
+    assert strict.samples_used > 3
+    assert strict.samples[0].temperature == 0.0  # the greedy sample first
+
+
+async def test_standard_mode_gives_anytime_answers(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("Pick one [[answers: 4, 5, 5]]", early_stop=False)
+    done = await h.wait(task.id)
+    events = await h.store.read_events(task.id, None, limit=100)
+    names = [e.event for e in events]
+    assert "preliminary" in names and names.index("preliminary") < names.index("result")
+    assert done.preliminary is not None
+
+
+async def test_the_clarification_is_a_question_and_its_tokens_count(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("Which one? [[answers: 1, 2, 3, 4, 5]]", mode="deep", task_type="text")
+    done = await h.wait(task.id)
+    assert done.result is not None and done.result.clarification is not None
+    assert done.result.clarification.endswith("?")
+    assert "The answer is" not in done.result.clarification
+    sample_tokens = sum(s.tokens.completion for s in done.samples)
+    assert done.usage.completion_tokens > sample_tokens  # the question's tokens
+
+
+async def test_samples_that_state_no_answer_do_not_make_agreement(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("Say something [[answers: nothing here, nothing here]]",
+                          task_type="math", samples=2)  # fmt: skip
+    done = await h.wait(task.id)
+    assert done.result is not None and done.result.answer is None
+    assert done.result.agreement == 0.0 and done.result.confidence == 0.0

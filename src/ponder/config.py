@@ -59,7 +59,13 @@ class ModeConfig(BaseModel):
     task_timeout_s: float = Field(gt=0, description="the whole task's time limit")
     max_timeout_s: float = Field(gt=0, description="the most timeout_s a request may ask for")
     early_stop: bool = Field(
-        default=False, description="stop sampling once the vote cannot change (skipped samples)"
+        default=False, description="stop sampling once the vote is decided (skipped samples)"
+    )
+    target_confidence: float = Field(
+        default=0.8,
+        gt=0,
+        le=1,
+        description="early stop: the probability that the leading answer stays the leader",
     )
     paths: list[str] = Field(
         default_factory=lambda: ["cot"],
@@ -67,7 +73,7 @@ class ModeConfig(BaseModel):
     )
     progressive: bool = Field(
         default=False,
-        description="first sample at a promoted priority; a preliminary answer when it ends",
+        description="first sample at a promoted priority (deep mode)",
     )
     clarify: bool = Field(
         default=False, description="ask a clarifying question when the paths disagree"
@@ -190,7 +196,7 @@ class Settings(BaseSettings):
         default=0.3, ge=0, le=1, description="w_conf: weight of the group's mean confidence"
     )
     early_stop_window: int = Field(
-        default=3, ge=2, description="ESC window: this many unanimous answers end sampling"
+        default=3, ge=2, description="early stop: at most this many samples run at once"
     )
     clarify_below: float = Field(
         default=0.5, ge=0, le=1, description="deep mode asks a clarifying question below this"

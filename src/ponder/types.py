@@ -102,6 +102,9 @@ class Result(BaseModel):
     chosen_sample: int
     reasoning: str | None = None
     clarification: str | None = None
+    #: samples the stop rule skipped, and their estimated completion tokens
+    samples_saved: int = 0
+    tokens_saved: int = 0
 
 
 class Usage(BaseModel):
@@ -157,6 +160,8 @@ class Task(BaseModel):
     tests: str | None = None
     #: None: the mode's setting
     early_stop: bool | None = None
+    #: stop sampling once the leader stays the leader with this probability; None: the mode's
+    target_confidence: float | None = None
     #: stop sequences passed to the engine
     stop: list[str] = Field(default_factory=list)
     attempts: int = 0

@@ -20,19 +20,10 @@ from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
 from ponder.aio import cancel_and_wait
-from ponder.config import ModeConfig, Settings
+from ponder.config import Settings
 from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.enhance.strategy import (
-    clarification_messages,
-    decided,
-    first_wave,
-    fuse,
-    judge_sample,
-    plan_samples,
-    resolve_task_type,
-    sample_messages,
-)
+from ponder.enhance.strategy import Strategy, create_strategy
 from ponder.errors import (
     EngineBusy,
     EngineDeadError,
@@ -356,13 +347,12 @@ class TaskRun:
         #: the engine rows of the running samples, by sample index
         self._rows: dict[int, SampleRequest] = {}
         self._deadline_passed = False
+        self.strategy: Strategy
+        #: tokens spent outside the samples (the clarifying question)
+        self._extra = Tokens()
         self._deltas = DeltaPublisher(
             self.store, claim.task_id, self.settings.delta_interval_ms / 1000
         )
-
-    @property
-    def mode(self) -> ModeConfig:
-        return self.settings.mode(self.task.mode)
 
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
@@ -374,6 +364,7 @@ class TaskRun:
         if is_terminal(task.status):
             return True  # cancelled while pending, or its worker died before the ack
         try:
+            self.strategy = create_strategy(task, self.settings)
             if task.attempts >= self.settings.max_deliveries:
                 await self._finish_failed(
                     "too_many_attempts",
@@ -436,8 +427,8 @@ class TaskRun:
             task.status = TaskStatus.running
             task.started_at = utcnow()
         if not task.samples:
-            task.task_type = resolve_task_type(task)
-            task.samples = plan_samples(task, self.mode)
+            task.task_type = self.strategy.task_type
+            task.samples = self.strategy.plan()
         for sample in task.samples:  # a reclaimed task reruns only unfinished samples
             if sample.status != SampleStatus.done:
                 sample.status = SampleStatus.queued
@@ -450,9 +441,9 @@ class TaskRun:
         return time.monotonic() + max(0.0, self.task.timeout_s - elapsed)
 
     async def _run_samples(self) -> None:
-        """Run the queued samples in waves until they end, the vote is decided or the
-        deadline passes; save after every finished sample."""
-        task, mode = self.task, self.mode
+        """Run the queued samples, the strategy's window of them at a time, until they end,
+        the vote is decided or the deadline passes; save after every finished sample."""
+        task, strategy = self.task, self.strategy
         deadline = self._deadline()
         queued = [s for s in task.samples if s.status == SampleStatus.queued]
         jobs: dict[asyncio.Task[None], Sample] = {}
@@ -464,8 +455,7 @@ class TaskRun:
                 jobs[asyncio.create_task(self._run_sample(sample))] = sample
             del queued[:count]
 
-        early_stop = mode.early_stop if task.early_stop is None else task.early_stop
-        wave = first_wave(len(task.samples), early_stop, self.settings.early_stop_window)
+        wave = strategy.window(len(task.samples))
         launch(wave - self._ran())
         if not jobs:  # a reclaimed task whose first wave had already ended
             launch(len(queued))
@@ -479,9 +469,7 @@ class TaskRun:
                     break
                 events = self._collect(jobs)
                 events += await self._preliminary()
-                if early_stop and await self._off_loop(
-                    decided, task.task_type, self.settings.early_stop_window
-                ):
+                if (await self._off_loop(strategy.stop)).stop:
                     events += self._collect(jobs)  # samples that ended meanwhile still count
                     for job, sample in jobs.items():
                         sample.status = SampleStatus.skipped
@@ -544,29 +532,23 @@ class TaskRun:
         return sum(s.status != SampleStatus.queued for s in self.task.samples)
 
     async def _preliminary(self) -> list[tuple[str, dict[str, Any]]]:
-        """Progressive modes: the first finished sample gives a preliminary answer."""
-        task = self.task
-        if not self.mode.progressive or task.preliminary is not None:
+        """The strategy's anytime answer, when the leader or its confidence changed."""
+        result = await self._off_loop(self.strategy.preliminary)
+        if result is None:
             return []
-        fusion = await self._off_loop(fuse, task.task_type, self.settings)
-        if fusion is None:
-            return []
-        task.preliminary = fusion.result
-        return [("preliminary", fusion.result.model_dump(mode="json"))]
+        self.task.preliminary = result
+        return [("preliminary", result.model_dump(mode="json"))]
 
     async def _run_sample(self, sample: Sample) -> None:
         task = self.task
-        promoted = self.mode.progressive and sample.index == 0
         request = SampleRequest(
-            messages=sample_messages(task, sample),
+            messages=self.strategy.messages(sample),
             temperature=sample.temperature,
             max_new_tokens=task.max_new_tokens,
             stop=task.stop,
             seed=sample.seed,
             sample_index=sample.index,
-            priority=max(0, task.priority - self.settings.promote_first_by)
-            if promoted
-            else task.priority,
+            priority=self.strategy.priority(sample),
             task_id=task.id,
             timeout_s=task.sample_timeout_s,
             on_text=self._deltas.writer(sample.index),
@@ -592,7 +574,7 @@ class TaskRun:
             elif output.finish_reason == "cancelled":
                 sample.status = SampleStatus.cancelled
             else:
-                await judge_sample(sample, task, self.settings)
+                await self.strategy.judge(sample)
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
@@ -631,15 +613,15 @@ class TaskRun:
             s.status in (SampleStatus.done, SampleStatus.error, SampleStatus.timeout)
             for s in task.samples
         )
-        task.usage.prompt_tokens = sum(s.tokens.prompt for s in task.samples)
-        task.usage.completion_tokens = sum(s.tokens.completion for s in task.samples)
+        task.usage.prompt_tokens = sum(s.tokens.prompt for s in task.samples) + self._extra.prompt
+        task.usage.completion_tokens = (
+            sum(s.tokens.completion for s in task.samples) + self._extra.completion
+        )
 
     async def _finish(self) -> None:
         task = self.task
         self._count()
-        fusion = await self._off_loop(
-            fuse, task.task_type, self.settings, clarify=self.mode.clarify
-        )
+        fusion = await self._off_loop(self.strategy.fuse)
         if fusion is None:
             timed_out = all(s.status == SampleStatus.timeout for s in task.samples)
             errors = [s.error.message for s in task.samples if s.error is not None]
@@ -652,15 +634,17 @@ class TaskRun:
             return
         if fusion.contested:
             fusion.result.clarification = await self._clarify(fusion.contested)
+        fusion.result.samples_saved, fusion.result.tokens_saved = self.strategy.saved(task.samples)
+        self._count()
         task.result = fusion.result
         complete = all(s.status in (SampleStatus.done, SampleStatus.skipped) for s in task.samples)
         await self._end(TaskStatus.done if complete else TaskStatus.partial_done)
 
     async def _clarify(self, contested: list[str]) -> str:
-        """Ask the model for one question that would settle the disagreement."""
-        fallback = "The answers disagree (" + ", ".join(contested) + "). Which did you mean?"
+        """One question that would settle the split: the model's, if it writes one (the
+        strategy checks it), else the strategy's template. Its tokens count in usage."""
         request = SampleRequest(
-            messages=clarification_messages(self.task, contested),
+            messages=self.strategy.clarification_messages(contested),
             temperature=0.0,
             max_new_tokens=64,
             priority=self.task.priority,
@@ -670,10 +654,11 @@ class TaskRun:
         try:
             output = await self._submit(request)
         except EngineError:
-            return fallback
-        if output.finish_reason not in ("stop", "length"):
-            return fallback
-        return output.text.strip() or fallback
+            return self.strategy.clarification(contested, None)
+        self._extra.prompt += output.prompt_tokens
+        self._extra.completion += output.completion_tokens
+        reply = output.text if output.finish_reason in ("stop", "length") else None
+        return self.strategy.clarification(contested, reply)
 
     async def _finish_failed(self, code: str, message: str) -> None:
         self.task.error = TaskError(code=code, message=message)

@@ -35,7 +35,7 @@ from ponder.enhance.sandbox import (
     run_tests,
     run_tests_async,
 )
-from ponder.enhance.strategy import judge_sample
+from ponder.enhance.strategy import create_strategy
 from ponder.types import Sample, Task, TaskType
 
 pytestmark = pytest.mark.timeout(60)
@@ -500,7 +500,7 @@ async def test_a_judged_sample_records_its_isolation(setting: str) -> None:
     expected = choose_isolation(settings.sandbox_isolation)
     task = Task(id="1764412800123-t-1", task_type=TaskType.math, prompt="6 * 7?")
     pot = Sample(index=0, path="pot", temperature=0, seed=0, text="```python\nprint(6 * 7)\n```")
-    await judge_sample(pot, task, settings)
+    await create_strategy(task, settings).judge(pot)
     assert (pot.program_output, pot.answer, pot.isolation) == ("42\n", "42", expected)
     code_task = Task(
         id="1764412800123-t-2", task_type=TaskType.code, prompt="add", tests="assert add(1, 2) == 3"
@@ -512,9 +512,9 @@ async def test_a_judged_sample_records_its_isolation(setting: str) -> None:
         seed=0,
         text="```python\ndef add(a, b):\n    return a + b\n```",
     )
-    await judge_sample(candidate, code_task, settings)
+    await create_strategy(code_task, settings).judge(candidate)
     assert (candidate.tests_passed, candidate.tests_failed) == (1, 0)
     assert candidate.isolation == expected
     plain = Sample(index=0, path="cot", temperature=0, seed=0, text="The answer is 42.")
-    await judge_sample(plain, task, settings)
+    await create_strategy(task, settings).judge(plain)
     assert plain.isolation is None  # nothing ran

@@ -1,118 +1,281 @@
-"""Planning, early stopping and the confidence-weighted vote (pure functions)."""
+"""Strategies: one object per mode (plan, waves, stop rule, vote, anytime answers)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 
 from ponder.config import load_settings
-from ponder.enhance.strategy import decided, first_wave, fuse, plan_samples, sample_messages
-from ponder.types import Sample, SampleStatus, Task, TaskType
+from ponder.enhance.calibration import Calibration, LogisticModel
+from ponder.enhance.strategy import (
+    DeepStrategy,
+    FastStrategy,
+    StandardStrategy,
+    Strategy,
+    create_strategy,
+    leader_probability,
+)
+from ponder.types import Sample, SampleStatus, Task, TaskType, Tokens
 
-SETTINGS = load_settings()
+SETTINGS = load_settings(engine="scripted", redis_url=None)
+#: a flat calibration: every answer 0.5 sure, results 0.9 (capped by the Laplace share)
+FLAT = Calibration(
+    sample=LogisticModel(0.0, {}), modes={"standard": LogisticModel(2.2, {})}, info={}
+)
 
 
-def s(index: int, answer: str | None, *, conf: float = 0.5, status: str = "done", path: str = "cot",
-      passed: int | None = None, failed: int | None = None) -> Sample:  # fmt: skip
+def task(mode: str = "standard", n: int = 5, **kw: Any) -> Task:
+    base: dict[str, Any] = {
+        "id": "1764412800123-a-1",
+        "mode": mode,
+        "samples_planned": n,
+        "temperature": 0.5,
+        "task_type": TaskType.math,
+        "prompt": "2+2?",
+    }
+    return Task(**(base | kw))
+
+
+def strategy(mode: str = "standard", n: int = 5, **kw: Any) -> Strategy:
+    return create_strategy(task(mode, n, **kw), SETTINGS, calibration=FLAT)
+
+
+def done(
+    index: int,
+    answer: str | None,
+    *,
+    temperature: float = 0.5,
+    tokens: int = 10,
+    confidence: float = 0.5,
+    path: str = "cot",
+) -> Sample:
     return Sample(
-        index=index, path=path, temperature=0.5, seed=index, status=SampleStatus(status),
+        index=index,
+        path=path,
+        temperature=temperature,
+        seed=index,
+        status=SampleStatus.done,
         text=f"work... The answer is {answer}." if answer is not None else "no idea",
-        answer=answer, confidence=conf, tests_passed=passed, tests_failed=failed,
-    )  # fmt: skip
+        answer=answer,
+        confidence=confidence,
+        tokens=Tokens(completion=tokens),
+    )
+
+
+def queued(index: int) -> Sample:
+    return Sample(index=index, temperature=0.5, seed=index)
+
+
+def test_one_strategy_per_mode_from_one_factory() -> None:
+    assert isinstance(strategy("fast", 1), FastStrategy)
+    assert isinstance(strategy("standard"), StandardStrategy)
+    assert isinstance(strategy("deep"), DeepStrategy)
+
+
+def test_the_plan_starts_from_greedy() -> None:
+    plan = strategy("standard", 4).plan()
+    assert [s.temperature for s in plan] == [0.0, 0.5, 0.5, 0.5]
+    assert [s.seed for s in plan] == [s.seed for s in strategy("standard", 4).plan()]
+    assert len({s.seed for s in plan}) == 4
+    assert [s.temperature for s in strategy("fast", 1).plan()] == [0.5]
+
+
+def test_deep_promotes_its_first_sample() -> None:
+    deep = strategy("deep", 3, priority=3)
+    plan = deep.plan()
+    assert [deep.priority(s) for s in plan] == [1, 3, 3]
+    standard = strategy("standard", 3, priority=3)
+    assert {standard.priority(s) for s in standard.plan()} == {3}
 
 
 def test_deep_spreads_paths_and_pot_only_for_math() -> None:
-    deep = SETTINGS.mode("deep")
-    math_task = Task(id="1764412800123-a-1", task_type=TaskType.math, samples_planned=5)
-    assert [x.path for x in plan_samples(math_task, deep)] == [
-        "cot", "decompose", "pot", "cot", "decompose"
-    ]  # fmt: skip
-    text_task = Task(id="1764412800123-a-2", task_type=TaskType.text, samples_planned=3)
-    assert [x.path for x in plan_samples(text_task, deep)] == ["cot", "decompose", "cot"]
-    seeds = [x.seed for x in plan_samples(math_task, deep)]
-    assert seeds == [x.seed for x in plan_samples(math_task, deep)] and len(set(seeds)) == 5
+    assert [s.path for s in strategy("deep", 5).plan()] == [
+        "cot",
+        "decompose",
+        "pot",
+        "cot",
+        "decompose",
+    ]
+    text = strategy("deep", 3, task_type=TaskType.text)
+    assert [s.path for s in text.plan()] == ["cot", "decompose", "cot"]
+    assert {s.path for s in strategy("standard", 3).plan()} == {"cot"}
 
 
-def test_messages_carry_the_path_instruction() -> None:
-    task = Task(id="1764412800123-a-1", prompt="What is 2+2?", task_type=TaskType.math)
-    pot = sample_messages(task, Sample(index=0, path="pot", temperature=0, seed=0))
+def test_the_window_of_running_samples() -> None:
+    assert strategy("standard", 8, early_stop=True).window(8) == 3
+    assert strategy("standard", 3, early_stop=True).window(3) == 2
+    assert strategy("standard", 8, early_stop=False).window(8) == 8
+    assert strategy("fast", 1).window(1) == 1
+
+
+def test_messages_carry_the_path_and_type_instruction() -> None:
+    s = strategy("deep")
+    pot = s.messages(Sample(index=0, path="pot", temperature=0, seed=0))
     assert pot[0]["role"] == "system" and "Python" in pot[0]["content"]
-    assert pot[-1] == {"role": "user", "content": "What is 2+2?"}
-    cot = sample_messages(task, Sample(index=0, path="cot", temperature=0, seed=0))
-    assert "The answer is" in cot[0]["content"]
+    assert pot[-1] == {"role": "user", "content": "2+2?"}
+    assert "The answer is" in s.messages(Sample(index=0, temperature=0, seed=0))[0]["content"]
+    choice = strategy(task_type=TaskType.choice, prompt="Pick: A) 1 B) 2")
+    assert "letter" in choice.messages(Sample(index=0, temperature=0, seed=0))[0]["content"]
 
 
-@pytest.mark.parametrize(("planned", "early", "wave"), [(1, True, 1), (3, True, 2), (5, True, 3),
-                                                         (8, True, 3), (8, False, 8)])  # fmt: skip
-def test_first_wave(planned: int, early: bool, wave: int) -> None:
-    assert first_wave(planned, early, window=3) == wave
+@pytest.mark.parametrize(
+    ("counts", "probability"),
+    [((3,), 15 / 16), ((2,), 7 / 8), ((1, 1), 0.5), ((4, 1), 57 / 64), ((), 0.0), ((0, 0), 0.0)],
+)
+def test_leader_probability_is_the_beta_rule(counts: tuple[int, ...], probability: float) -> None:
+    assert leader_probability(counts) == pytest.approx(probability)
 
 
-def test_decided_when_leader_cannot_be_overtaken() -> None:
-    two_agree = [s(0, "42"), s(1, "42"), s(2, None, status="queued")]
-    assert decided(two_agree, TaskType.math, window=3)
-    split = [s(0, "42"), s(1, "17"), s(2, None, status="queued")]
-    assert not decided(split, TaskType.math, window=3)
-    # 3 unanimous of 8: the bound says no (3 > 0 + 5 is false), the ESC window says yes
-    esc = [s(i, "9") for i in range(3)] + [s(i, None, status="queued") for i in range(3, 8)]
-    assert decided(esc, TaskType.math, window=3)
-    assert not decided(esc, TaskType.math, window=4)
-    # equivalent answers count together
-    assert decided([s(0, "12"), s(1, "12.0"), s(2, None, status="running")], TaskType.math, 3)
+def test_the_stop_rule_uses_the_target_confidence() -> None:
+    rest = [queued(i) for i in range(3, 8)]
+    three = [done(0, "4", temperature=0), done(1, "4"), done(2, "4"), *rest]
+    assert strategy(n=8, early_stop=True).stop(three).probability == pytest.approx(15 / 16)
+    assert strategy(n=8, early_stop=True).stop(three).stop  # 0.9375 >= the default 0.8
+    assert not strategy(n=8, early_stop=True, target_confidence=0.95).stop(three).stop
+    assert strategy(n=8, early_stop=True, target_confidence=0.9).stop(three).stop
+    assert not strategy(n=8, early_stop=False, target_confidence=0.5).stop(three).stop
+    split = [done(0, "4", temperature=0), done(1, "5"), done(2, "4"), *rest]
+    assert not strategy(n=8, early_stop=True, target_confidence=0.9).stop(split).stop
 
 
-def test_confidence_breaks_an_even_split() -> None:
-    samples = [s(0, "1", conf=0.2), s(1, "2", conf=0.9)]
-    fusion = fuse(samples, TaskType.math, SETTINGS)
-    assert fusion is not None
-    assert fusion.result.answer == "2" and fusion.result.chosen_sample == 1
-    assert fusion.result.agreement == 0.5
-    assert fusion.result.votes == {"2": 1, "1": 1}
+def test_the_stop_rule_stops_when_the_leader_cannot_be_overtaken() -> None:
+    samples = [done(0, "4", temperature=0), done(1, "4"), done(2, "4"), queued(3)]
+    check = strategy(n=4, early_stop=True, target_confidence=1.0).stop(samples)
+    assert check.stop and check.probability == 1.0
+    everything = [done(0, "4"), done(1, "5")]
+    assert strategy(n=2, early_stop=False).stop(everything).stop  # nothing left to run
 
 
-def test_majority_beats_confidence_and_ties_are_deterministic() -> None:
-    fusion = fuse([s(0, "7", conf=0.4), s(1, "7", conf=0.4), s(2, "8", conf=0.8)],
-                  TaskType.math, SETTINGS)  # fmt: skip
+def test_the_greedy_sample_is_overturned_only_by_agreeing_samples() -> None:
+    s = strategy(n=3)
+    one_against = [done(0, "4", temperature=0), done(1, "5")]
+    fusion = s.fuse(one_against)
+    assert fusion is not None and fusion.result.answer == "4"
+    two_against = [done(0, "4", temperature=0), done(1, "5"), done(2, "5")]
+    fusion = s.fuse(two_against)
+    assert fusion is not None and fusion.result.answer == "5"
+    assert fusion.result.votes == {"5": 2, "4": 1}
+
+
+def test_confidence_weighting_breaks_an_even_split() -> None:
+    s = strategy(n=2)
+    fusion = s.fuse([done(0, "1", confidence=0.1), done(1, "2", confidence=0.9)])
+    assert fusion is not None and fusion.result.answer == "2" and fusion.result.agreement == 0.5
+
+
+def test_samples_without_an_answer_do_not_vote() -> None:
+    fusion = strategy(n=3).fuse([done(0, None), done(1, "7"), done(2, None)])
     assert fusion is not None and fusion.result.answer == "7"
-    # score = (0.7 * share + 0.3 * confidence): 0.587 for "7" against 0.473 for "8"
-    assert fusion.result.confidence == pytest.approx(0.7 * 2 / 3 + 0.3 * 0.4, abs=1e-3)
-    assert fusion.result.votes == {"7": 2, "8": 1}
-    assert 0 <= fusion.result.confidence <= 1
-    tie = fuse([s(0, "3"), s(1, "4")], TaskType.math, SETTINGS)
-    assert tie is not None and tie.result.answer == "3"
+    assert fusion.result.votes == {"7": 1}
+    assert fusion.result.agreement == pytest.approx(1 / 3, abs=1e-4)
+
+
+def test_a_null_answer_has_no_agreement_and_no_confidence() -> None:
+    fusion = strategy(n=2).fuse([done(0, None), done(1, None)])
+    assert fusion is not None and fusion.result.answer is None
+    assert fusion.result.agreement == 0.0 and fusion.result.confidence == 0.0
+    assert fusion.result.votes == {}
+
+
+def test_one_sample_is_not_confident_by_construction() -> None:
+    fusion = strategy("fast", 1).fuse([done(0, "4", confidence=0.99)])
+    assert fusion is not None and fusion.result.confidence <= 2 / 3 + 1e-4
+    unanimous = strategy(n=5).fuse([done(i, "4") for i in range(5)])
+    assert unanimous is not None and fusion.result.confidence < unanimous.result.confidence
 
 
 def test_failed_samples_do_not_vote() -> None:
-    fusion = fuse([s(0, "5"), s(1, "6", status="error"), s(2, "6", status="timeout")],
-                  TaskType.math, SETTINGS)  # fmt: skip
+    error = done(1, "6").model_copy(update={"status": SampleStatus.error})
+    fusion = strategy(n=2).fuse([done(0, "5"), error])
     assert fusion is not None and fusion.result.answer == "5"
-    assert fuse([s(0, "5", status="error")], TaskType.math, SETTINGS) is None
+    assert strategy(n=1).fuse([error]) is None
 
 
 def test_passing_code_candidates_win() -> None:
-    samples = [
-        s(0, "def f(): return 1", passed=0, failed=2),
-        s(1, "def f(): return 1", passed=0, failed=2),
-        s(2, "def f(): return 2", passed=2, failed=0),
-    ]
-    fusion = fuse(samples, TaskType.code, SETTINGS)
+    s = strategy(n=3, task_type=TaskType.code)
+    samples = [done(i, f"def f(): return {i // 2 + 1}") for i in range(3)]
+    samples[0].tests_passed, samples[0].tests_failed = 0, 2
+    samples[1].tests_passed, samples[1].tests_failed = 0, 2
+    samples[2].tests_passed, samples[2].tests_failed = 2, 0
+    fusion = s.fuse(samples)
     assert fusion is not None and fusion.result.answer == "def f(): return 2"
 
 
-def test_disagreement_asks_for_clarification() -> None:
-    spread = [s(i, str(i)) for i in range(4)]
-    fusion = fuse(spread, TaskType.math, SETTINGS, clarify=True)
-    assert fusion is not None and len(fusion.contested) == 4
-    agreed = fuse([s(0, "1"), s(1, "1"), s(2, "2")], TaskType.math, SETTINGS, clarify=True)
-    assert agreed is not None and agreed.contested == []
+def test_the_result_says_what_the_stop_rule_saved() -> None:
+    samples = [done(0, "4", tokens=30), done(1, "4", tokens=10)]
+    samples += [queued(2).model_copy(update={"status": SampleStatus.skipped}) for _ in range(3)]
+    assert strategy().saved(samples) == (3, 60)
 
 
-def test_reasoning_is_the_chain_before_the_answer() -> None:
-    fusion = fuse([s(0, "42")], TaskType.math, SETTINGS)
-    assert fusion is not None and fusion.result.reasoning == "work..."
+def test_clarification_only_when_the_vote_is_split() -> None:
+    deep = strategy("deep", 4)
+    split = deep.fuse([done(0, "10"), done(1, "12"), done(2, "10"), done(3, "12")])
+    assert split is not None and split.contested == ["10", "12"]
+    clear = deep.fuse([done(0, "10"), done(1, "10"), done(2, "10"), done(3, "12")])
+    assert clear is not None and clear.contested == []
+    standard = strategy("standard", 4).fuse([done(i, str(i)) for i in range(4)])
+    assert standard is not None and standard.contested == []
 
 
-def test_temperature_falls_as_samples_grow() -> None:
-    standard = SETTINGS.mode("standard")
-    temps = [standard.temperature_for(n) for n in (1, 3, 5, 8)]
-    assert temps[0] == temps[1] == 0.5
-    assert temps[1] > temps[2] > temps[3] >= 0.3
+def test_the_clarification_is_a_question() -> None:
+    deep = strategy("deep", 2)
+    deep.task.samples = [done(0, "10"), done(1, "12")]
+    asked = "Do you mean feet of rope per day or in total?"
+    assert deep.clarification(["10", "12"], asked + "\nMore text.") == asked
+    template = "Did you mean 10, or 12?"
+    assert deep.clarification(["10", "12"], "The answer is 10.5.") == template
+    assert deep.clarification(["10", "12"], "So, 17 * 18 = 25 feet. So,") == template
+    assert deep.clarification(["10", "12"], "The answer is 10?") == template
+    assert deep.clarification(["10", "12"], None) == template
+    copied = "work... The answer is 10?"  # a sample's own text
+    assert deep.clarification(["10", "12"], copied) == template
+    assert deep.clarification(["a", "b", "c"], "") == "Did you mean a, b, or c?"
+    messages = deep.clarification_messages(["10", "12"])
+    assert "10; 12" in messages[-1]["content"] and "question mark" in messages[0]["content"]
+
+
+def test_preliminary_answers_follow_the_leader_rate_limited() -> None:
+    now = [0.0]
+    s = StandardStrategy(task(n=5), SETTINGS, calibration=FLAT, clock=lambda: now[0])
+    first = s.preliminary([done(0, "4", temperature=0), queued(1)])
+    assert first is not None and first.answer == "4"
+    now[0] = 0.1
+    assert s.preliminary([done(0, "4", temperature=0), done(1, "5"), done(2, "5")]) is None
+    now[0] = 1.0
+    changed = s.preliminary([done(0, "4", temperature=0), done(1, "5"), done(2, "5")])
+    assert changed is not None and changed.answer == "5"
+    now[0] = 2.0
+    assert s.preliminary([done(0, "4", temperature=0), done(1, "5"), done(2, "5")]) is None
+    fast = FastStrategy(task("fast", 1), SETTINGS, calibration=FLAT)
+    assert fast.preliminary([done(0, "4")]) is None
+
+
+def test_rejudge_reads_a_program_output() -> None:
+    s = strategy("deep", 3)
+    sample = done(0, None, path="pot").model_copy(update={"program_output": "debug\n42\n"})
+    s.rejudge(sample)
+    assert sample.answer == "42" and sample.confidence == 0.5
+    silent = done(1, None, path="pot").model_copy(update={"program_output": ""})
+    s.rejudge(silent)
+    assert silent.answer is None and silent.confidence == 0.0
+
+
+async def test_judge_runs_the_program_of_a_pot_sample() -> None:
+    s = strategy("deep", 3)
+    sample = done(0, None, path="pot")
+    sample.text = "```python\nprint(6 * 7)\n```"
+    await s.judge(sample)
+    assert sample.program_output == "42\n" and sample.answer == "42"
+
+
+def test_unknown_mode_says_what_is_allowed() -> None:
+    bad = task().model_copy(update={"mode": "turbo"})
+    with pytest.raises(ValueError, match="Unknown mode: 'turbo'"):
+        create_strategy(bad, SETTINGS)
+
+
+def test_auto_is_resolved_from_the_prompt() -> None:
+    assert strategy(task_type=TaskType.auto, prompt="What is 17 * 24?").task_type is TaskType.math
+    choice = strategy(task_type=TaskType.auto, prompt="Which? A) Venus B) Mars")
+    assert choice.task_type is TaskType.choice

@@ -112,6 +112,12 @@ class TaskCreate(StrictBody):
     early_stop: bool | None = Field(
         default=None, description="stop sampling once the vote is decided; default: the mode's"
     )
+    target_confidence: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="early stop: P(leader stays leader) to reach; default: the mode's",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")

@@ -145,6 +145,7 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         sample_timeout_s=min(mode.sample_timeout_s, timeout_s),
         tests=req.tests,
         early_stop=req.early_stop,
+        target_confidence=req.target_confidence,
         stop=req.stop,
         metadata=req.metadata,
         callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,

@@ -1,69 +1,94 @@
-"""Strategies: how a task's samples are planned, prompted, judged and stopped early.
+"""Strategies: one object per mode that plans, prompts, judges, stops and fuses a task.
 
-- ``fast``: one sample.
-- ``standard``: N samples of one chain-of-thought prompt, a self-consistency vote.
-- ``deep``: N samples spread over reasoning paths — chain-of-thought (``cot``), step-by-step
-  decomposition (``decompose``) and program-of-thought (``pot``: the model writes Python,
-  the sandbox runs it, its printed output is the answer) — reranked by agreement,
-  confidence and agreement across paths; the first sample runs at a promoted priority and
-  gives a preliminary answer.
+:func:`create_strategy` returns the :class:`Strategy` of a task's mode (``fast``,
+``standard``, ``deep``); the worker drives any of them the same way:
 
-Early stopping runs samples in two waves: the first wave is just large enough to decide
-(a strict majority of N, or the ESC window if smaller); the rest run only if the first
-wave left the vote open. The vote is decided when the leader cannot be overtaken by the
-samples still to come, or when ``early_stop_window`` answers in a row are unanimous.
+1. :meth:`Strategy.plan` — the samples. Sample 0 of a multi-sample task is greedy
+   (temperature 0), so the vote starts from the model's most likely answer and sampled
+   answers overturn it only when enough of them agree; the others run at the task's
+   temperature, each with a seed derived from the task id and its index.
+2. :meth:`Strategy.window` — how many samples run at once while the vote is open; when
+   one ends and the vote is still open, the next starts (a slow sample does not hold
+   back the others).
+3. :meth:`Strategy.judge` — extract a finished sample's answer (running its program or
+   the task's tests where there are any) and set its calibrated confidence.
+4. :meth:`Strategy.stop` — after each finished sample: stop when the estimated
+   probability that the leading answer stays the leader reaches the target
+   (Adaptive-Consistency's Beta criterion over the two largest groups; the request's
+   ``target_confidence`` or the mode's default), or when the samples left cannot change
+   the leader. The rest are skipped; :meth:`Strategy.saved` says what that saved.
+5. :meth:`Strategy.preliminary` — the anytime answer while samples run: a new one each
+   time the leading answer or its confidence changes (rate-limited).
+6. :meth:`Strategy.fuse` — the vote: each sample weighs 1 (the greedy sample
+   :data:`GREEDY_WEIGHT`), times ``exp(CONFIDENCE_POWER * confidence)`` (CISC: the
+   calibrated sample confidence); the heaviest group wins, ties go to the group with
+   the lowest sample index. ``result.confidence`` is the calibrated probability that
+   the answer is right (:mod:`ponder.enhance.calibration`).
+7. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
+   program-of-thought), promotes the first sample (:meth:`Strategy.priority`), and,
+   when the vote is genuinely split, asks one clarifying question
+   (:meth:`Strategy.clarification_messages` / :meth:`Strategy.clarification`).
 """
 
 from __future__ import annotations
 
 import hashlib
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+import re
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
 
-from ponder.config import ModeConfig, Settings
-from ponder.enhance.answers import (
-    extract_answer,
-    group_answers,
-    infer_task_type,
-    reasoning_signals,
+from ponder.config import Mode, ModeConfig, Settings
+from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
+from ponder.enhance.answers.base import ANSWER_LINE
+from ponder.enhance.calibration import (
+    Calibration,
+    default_calibration,
+    result_features,
+    sample_features,
 )
 from ponder.enhance.sandbox import extract_program_output, run_python_async, run_tests_async
 from ponder.types import Result, Sample, SampleStatus, Task, TaskType
 
 __all__ = [
+    "CONFIDENCE_POWER",
+    "GREEDY_WEIGHT",
+    "DeepStrategy",
+    "FastStrategy",
     "Fusion",
-    "clarification_messages",
-    "decided",
-    "first_wave",
-    "fuse",
-    "judge_sample",
-    "plan_samples",
+    "StandardStrategy",
+    "StopCheck",
+    "Strategy",
+    "create_strategy",
+    "leader_probability",
     "resolve_task_type",
-    "sample_messages",
+    "sample_seed",
 ]
 
-_ANSWER_LINE = "End with the sentence: The answer is <answer>."
+#: the greedy sample's vote weight: two agreeing sampled answers outweigh it, one does not
+GREEDY_WEIGHT = 1.5
+#: CISC: a sample's vote is multiplied by exp(CONFIDENCE_POWER * its confidence)
+CONFIDENCE_POWER = 1.0
+#: a new preliminary answer needs its confidence to move by this much (or a new leader)
+PRELIMINARY_STEP = 0.05
+#: and at least this long since the last one
+PRELIMINARY_INTERVAL_S = 0.5
+#: the longest clarifying question accepted from the model
+MAX_QUESTION_CHARS = 240
+
 _PATH_INSTRUCTIONS = {
-    "cot": f"Think step by step. {_ANSWER_LINE}",
+    "cot": f"Think step by step. {ANSWER_LINE}",
     "decompose": (
         "Break the problem into smaller sub-questions and answer each one in turn, "
-        f"then combine them. {_ANSWER_LINE}"
+        f"then combine them. {ANSWER_LINE}"
     ),
     "pot": (
         "Write a short Python program that computes the answer and prints only the "
         "answer. Put the whole program in one ```python code block."
     ),
 }
-_TYPE_INSTRUCTIONS = {
-    TaskType.choice: "Answer with the letter of the correct option. " + _ANSWER_LINE,
-    TaskType.code: "Give the complete solution as one ```python code block.",
-}
-#: the share of the score given to agreement across reasoning paths (deep mode)
-_PATH_WEIGHT = 0.1
-#: below this margin between the two best groups, there is "no clear leader"
-_CLEAR_MARGIN = 0.15
 
 
 def sample_seed(task_id: str, index: int) -> int:
@@ -72,200 +97,65 @@ def sample_seed(task_id: str, index: int) -> int:
     return int.from_bytes(digest[:4], "big") & 0x7FFFFFFF
 
 
+def task_prompt(task: Task) -> str:
+    return task.prompt or "\n".join(str(m.get("content", "")) for m in task.messages or [])
+
+
 def resolve_task_type(task: Task) -> TaskType:
     """The task's type, inferring ``auto`` from the prompt."""
     if task.task_type != TaskType.auto:
         return task.task_type
-    prompt = task.prompt or "\n".join(str(m.get("content", "")) for m in task.messages or [])
-    return infer_task_type(prompt)
+    return infer_task_type(task_prompt(task))
 
 
-def plan_samples(task: Task, mode: ModeConfig) -> list[Sample]:
-    """The task's samples, spread round-robin over the mode's paths.
+def leader_probability(counts: Sequence[int]) -> float:
+    """P(the largest group's share exceeds the second's), Adaptive-Consistency's Beta rule.
 
-    Program-of-thought only suits math; other task types use chain-of-thought instead.
+    With ``a`` and ``b`` votes for the two largest groups and a uniform prior, the
+    leader's share of their votes is Beta(a + 1, b + 1) and P(share > 1/2) =
+    P(Binomial(a + b + 1, 1/2) <= a), exact for whole votes. Empty or all-zero counts
+    give 0.
     """
-    paths = [p if p != "pot" or task.task_type == TaskType.math else "cot" for p in mode.paths]
-    return [
-        Sample(
-            index=i,
-            path=paths[i % len(paths)],
-            temperature=task.temperature,
-            seed=sample_seed(task.id, i),
-        )
-        for i in range(task.samples_planned)
-    ]
+    top = sorted((c for c in counts if c > 0), reverse=True)
+    if not top:
+        return 0.0
+    a, b = top[0], top[1] if len(top) > 1 else 0
+    n = a + b + 1
+    return sum(math.comb(n, j) for j in range(a + 1)) / float(1 << n)
 
 
-def first_wave(planned: int, early_stop: bool, window: int) -> int:
-    """How many samples to start at once: all, unless early stopping can save some."""
-    if not early_stop or planned <= 2:
-        return planned
-    return min(planned, planned // 2 + 1, window)
-
-
-def sample_messages(task: Task, sample: Sample) -> list[dict[str, Any]]:
-    """The chat messages of one sample: the path's instruction, then the user's input."""
-    instruction = _TYPE_INSTRUCTIONS.get(task.task_type, _PATH_INSTRUCTIONS[sample.path])
-    if sample.path == "pot":
-        instruction = _PATH_INSTRUCTIONS["pot"]
-    user = task.messages or [{"role": "user", "content": task.prompt or ""}]
-    if user and user[0].get("role") == "system":
-        first = {**user[0], "content": f"{instruction}\n\n{user[0].get('content', '')}"}
-        return [first, *user[1:]]
-    return [{"role": "system", "content": instruction}, *user]
-
-
-async def judge_sample(sample: Sample, task: Task, settings: Settings) -> None:
-    """Extract the sample's answer (running its program or the task's tests where there
-    are any) and set its confidence."""
-    text = sample.text or ""
-    task_type = task.task_type
-    if sample.path == "pot":
-        program = extract_program_output(text)
-        if program is not None:
-            run = await run_python_async(
-                program,
-                timeout_s=settings.sandbox_timeout_s,
-                memory_mb=settings.sandbox_memory_mb,
-                isolation=settings.sandbox_isolation,
-            )
-            sample.program_output = run.stdout[-2000:]
-            sample.isolation = run.isolation
-            lines = [line for line in run.stdout.splitlines() if line.strip()]
-            sample.answer = extract_answer(lines[-1], task_type) if lines else None
-        else:
-            sample.answer = extract_answer(text, task_type)
-    else:
-        sample.answer = extract_answer(text, task_type)
-    if task_type == TaskType.code and task.tests and sample.answer is not None:
-        report = await run_tests_async(
-            sample.answer,
-            task.tests,
-            timeout_s=settings.sandbox_timeout_s * 2,
-            memory_mb=settings.sandbox_memory_mb,
-            isolation=settings.sandbox_isolation,
-        )
-        sample.isolation = report.isolation
-        sample.tests_passed = report.passed
-        sample.tests_failed = report.failed + (1 if report.timed_out else 0)
-    sample.confidence = sample_confidence(sample, task_type)
-
-
-def sample_confidence(sample: Sample, task_type: TaskType) -> float:
-    """Mean token probability (from the engine) blended with the reasoning heuristics."""
-    signals = reasoning_signals(sample.text or "", sample.answer, task_type)
-    if sample.mean_logprob is None:
-        return round(signals, 4)
-    probability = math.exp(max(sample.mean_logprob, -50.0))
-    return round(0.5 * probability + 0.5 * signals, 4)
-
-
-def _voters(samples: Sequence[Sample]) -> list[Sample]:
-    done = [s for s in samples if s.status == SampleStatus.done]
-    with_answer = [s for s in done if s.answer is not None]
-    return with_answer or done
-
-
-def _answer_key(sample: Sample) -> str:
-    return sample.answer if sample.answer is not None else (sample.text or "").strip()
-
-
-def decided(samples: Sequence[Sample], task_type: TaskType, window: int) -> bool:
-    """True when the vote cannot change any more: stop the remaining samples."""
-    remaining = sum(s.status in (SampleStatus.queued, SampleStatus.running) for s in samples)
-    if remaining == 0:
-        return True
-    voters = [s for s in samples if s.status == SampleStatus.done and s.answer is not None]
-    if not voters:
-        return False
-    sizes = sorted(
-        (len(g) for g in group_answers([s.answer for s in voters], task_type)), reverse=True
-    )
-    leader, runner_up = sizes[0], (sizes[1] if len(sizes) > 1 else 0)
-    if leader > runner_up + remaining:
-        return True
-    return len(sizes) == 1 and leader >= window
+@dataclass(frozen=True)
+class StopCheck:
+    stop: bool
+    #: the estimated probability that the leader stays the leader
+    probability: float
 
 
 @dataclass
 class Fusion:
     result: Result
-    #: the disagreeing answers, best first, when the vote has no clear leader
+    #: the competing answers, best first, when the vote is genuinely split (deep mode)
     contested: list[str]
+    #: what the result's confidence was computed from (see ponder.enhance.calibration)
+    features: dict[str, float] = field(default_factory=dict)
 
 
-def fuse(
-    samples: Sequence[Sample],
-    task_type: TaskType,
-    settings: Settings,
-    *,
-    clarify: bool = False,
-) -> Fusion | None:
-    """The confidence-weighted vote over the finished samples; None when none finished.
+@dataclass
+class _Group:
+    samples: list[Sample]
+    weight: float
 
-    Each group of equivalent answers scores ``w_vote * share + w_conf * mean confidence``
-    (plus, when several paths ran, a small bonus for agreement across paths), normalised
-    to [0, 1]. With code tests, only the groups whose candidates pass the most tests
-    compete. Ties go to the group whose first sample has the lowest index.
-    """
-    voters = _voters(samples)
-    if not voters:
-        return None
-    groups = [
-        [voters[i] for i in g] for g in group_answers([_answer_key(s) for s in voters], task_type)
-    ]
-    if task_type == TaskType.code and any(s.tests_passed is not None for s in voters):
-        best = max(_pass_rate(g) for g in groups)
-        groups = [g for g in groups if _pass_rate(g) == best]
-    paths_total = len({s.path for s in voters})
-    w_vote, w_conf = settings.vote_weight, settings.confidence_weight
-    w_path = _PATH_WEIGHT if paths_total > 1 else 0.0
-    total = (w_vote + w_conf + w_path) or 1.0
-
-    def score(group: list[Sample]) -> float:
-        share = len(group) / len(voters)
-        confidence = sum(s.confidence or 0.0 for s in group) / len(group)
-        paths = len({s.path for s in group}) / paths_total
-        return (w_vote * share + w_conf * confidence + w_path * paths) / total
-
-    ranked = sorted(groups, key=lambda g: (-score(g), min(s.index for s in g)))
-    winner = ranked[0]
-    chosen = max(winner, key=lambda s: (s.confidence or 0.0, -s.index))
-    agreement = len(winner) / len(voters)
-    votes: dict[str, int] = {}
-    for group in ranked:
-        votes[_display(group[0])] = votes.get(_display(group[0]), 0) + len(group)
-    contested: list[str] = []
-    if (
-        clarify
-        and len(ranked) > 1
-        and agreement < settings.clarify_below
-        and score(ranked[0]) - score(ranked[1]) < _CLEAR_MARGIN
-    ):
-        contested = [_display(g[0]) for g in ranked[:4]]
-    result = Result(
-        answer=chosen.answer,
-        text=chosen.text or "",
-        confidence=round(score(winner), 4),
-        agreement=round(agreement, 4),
-        votes=votes,
-        chosen_sample=chosen.index,
-        reasoning=_reasoning(chosen.text or ""),
-    )
-    return Fusion(result=result, contested=contested)
+    @property
+    def first(self) -> int:
+        return min(s.index for s in self.samples)
 
 
-def _pass_rate(group: list[Sample]) -> float:
-    rates = [
-        (s.tests_passed or 0) / max(1, (s.tests_passed or 0) + (s.tests_failed or 0)) for s in group
-    ]
-    return max(rates)
+def _done(samples: Sequence[Sample]) -> list[Sample]:
+    return [s for s in samples if s.status == SampleStatus.done]
 
 
-def _display(sample: Sample) -> str:
-    key = _answer_key(sample)
-    return key if len(key) <= 200 else key[:197] + "..."
+def _display(answer: str) -> str:
+    return answer if len(answer) <= 200 else answer[:197] + "..."
 
 
 def _reasoning(text: str) -> str:
@@ -274,21 +164,362 @@ def _reasoning(text: str) -> str:
     return (text[:idx] if idx > 0 else text).strip()
 
 
-def clarification_messages(task: Task, contested: Sequence[str]) -> list[dict[str, Any]]:
-    """A request asking the model for one question that would settle the disagreement."""
-    question = task.prompt or "\n".join(str(m.get("content", "")) for m in task.messages or [])
-    options = "; ".join(contested)
-    return [
-        {
-            "role": "system",
-            "content": "You help resolve ambiguous questions. Reply with one short question.",
-        },
-        {
-            "role": "user",
-            "content": (
-                f"Question: {question}\nDifferent careful readings gave these answers: "
-                f"{options}.\nAsk the user one short question whose answer would tell "
-                "which reading they meant."
-            ),
-        },
+class Strategy:
+    """How one task is run; one instance per task run (it keeps the preliminary state).
+
+    Subclasses set :attr:`mode` and override what their mode does differently.
+    """
+
+    mode: ClassVar[Mode]
+    #: a preliminary answer while samples run
+    anytime: ClassVar[bool] = False
+
+    def __init__(
+        self,
+        task: Task,
+        settings: Settings,
+        *,
+        calibration: Calibration | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.task = task
+        self.settings = settings
+        self.config: ModeConfig = settings.mode(task.mode)
+        self.calibration = calibration or default_calibration(settings.model)
+        self.task_type = resolve_task_type(task)
+        self.answers: AnswerType = ANSWER_TYPES[self.task_type]
+        self.question = self.answers.question(task_prompt(task))
+        self.greedy_weight = GREEDY_WEIGHT
+        self.confidence_power = CONFIDENCE_POWER
+        self._clock = clock
+        self._last_preliminary: tuple[str | None, float, float] | None = None
+
+    # --- planning -----------------------------------------------------------------------
+    @property
+    def early_stop(self) -> bool:
+        return self.config.early_stop if self.task.early_stop is None else self.task.early_stop
+
+    @property
+    def target_confidence(self) -> float:
+        target = self.task.target_confidence
+        return target if target is not None else self.config.target_confidence
+
+    def plan(self) -> list[Sample]:
+        """The task's samples (sample 0 greedy when there are several)."""
+        task = self.task
+        paths = self._paths()
+        return [
+            Sample(
+                index=i,
+                path=paths[i % len(paths)],
+                temperature=0.0 if i == 0 and task.samples_planned > 1 else task.temperature,
+                seed=sample_seed(task.id, i),
+            )
+            for i in range(task.samples_planned)
+        ]
+
+    def _paths(self) -> list[str]:
+        """The mode's ``paths``; program-of-thought only suits math (others use cot)."""
+        return [
+            p if p != "pot" or self.task_type == TaskType.math else "cot" for p in self.config.paths
+        ]
+
+    def window(self, planned: int) -> int:
+        """How many samples run at once while the vote is open: all of them without early
+        stopping; with it, a strict majority of the planned ones, at most
+        ``early_stop_window``. When one ends and the vote is still open, the next starts."""
+        if not self.early_stop or planned <= 2:
+            return planned
+        return min(planned, planned // 2 + 1, self.settings.early_stop_window)
+
+    def priority(self, sample: Sample) -> int:
+        """The engine priority of a sample (0 is the most urgent): the first sample of a
+        ``progressive`` mode (deep, by default) is promoted for an early answer."""
+        if sample.index == 0 and self.config.progressive:
+            return max(0, self.task.priority - self.settings.promote_first_by)
+        return self.task.priority
+
+    def messages(self, sample: Sample) -> list[dict[str, Any]]:
+        """The chat messages of one sample: its instruction, then the user's input."""
+        if sample.path == "pot":
+            instruction = _PATH_INSTRUCTIONS["pot"]
+        elif self.task_type in (TaskType.choice, TaskType.code):
+            instruction = self.answers.instruction
+        else:
+            instruction = _PATH_INSTRUCTIONS[sample.path]
+        task = self.task
+        user = task.messages or [{"role": "user", "content": task.prompt or ""}]
+        if user and user[0].get("role") == "system":
+            first = {**user[0], "content": f"{instruction}\n\n{user[0].get('content', '')}"}
+            return [first, *user[1:]]
+        return [{"role": "system", "content": instruction}, *user]
+
+    # --- judging ------------------------------------------------------------------------
+    async def judge(self, sample: Sample) -> None:
+        """Extract the sample's answer (running its program or the task's tests where
+        there are any) and set its calibrated confidence."""
+        settings = self.settings
+        if sample.path == "pot":
+            program = extract_program_output(sample.text or "")
+            if program is not None:
+                run = await run_python_async(
+                    program,
+                    timeout_s=settings.sandbox_timeout_s,
+                    memory_mb=settings.sandbox_memory_mb,
+                    isolation=settings.sandbox_isolation,
+                )
+                sample.program_output = run.stdout[-2000:]
+                sample.isolation = run.isolation
+        self.rejudge(sample)
+        if self.task_type == TaskType.code and self.task.tests and sample.answer is not None:
+            report = await run_tests_async(
+                sample.answer,
+                self.task.tests,
+                timeout_s=settings.sandbox_timeout_s * 2,
+                memory_mb=settings.sandbox_memory_mb,
+                isolation=settings.sandbox_isolation,
+            )
+            sample.isolation = report.isolation
+            sample.tests_passed = report.passed
+            sample.tests_failed = report.failed + (1 if report.timed_out else 0)
+        sample.confidence = self.sample_confidence(sample)
+
+    def rejudge(self, sample: Sample) -> None:
+        """Set the answer and confidence from the sample's text (a program-of-thought
+        sample: from the last line its program printed). The quality benchmark calls
+        this on recorded samples."""
+        text = sample.text or ""
+        if sample.path == "pot" and sample.program_output is not None:
+            lines = [line for line in sample.program_output.splitlines() if line.strip()]
+            text = lines[-1] if lines else ""
+        sample.answer = self.answers.extract(text, self.question) if text.strip() else None
+        sample.confidence = self.sample_confidence(sample)
+
+    def sample_confidence(self, sample: Sample) -> float:
+        """P(this sample's answer is right); 0 without an answer."""
+        if sample.answer is None:
+            return 0.0
+        signals = self.answers.signals(sample.text or "", sample.answer)
+        features = sample_features(
+            sample.mean_logprob, signals, sample.finish_reason, sample.text or ""
+        )
+        return round(self.calibration.sample_confidence(features), 4)
+
+    # --- the vote -----------------------------------------------------------------------
+    def _weight(self, sample: Sample) -> float:
+        greedy = sample.temperature == 0 and self.task.samples_planned > 1
+        base = self.greedy_weight if greedy else 1.0
+        return base * math.exp(self.confidence_power * (sample.confidence or 0.0))
+
+    def _groups(self, voters: Sequence[Sample]) -> list[_Group]:
+        parts = group_answers([s.answer for s in voters], self.task_type)
+        groups = [_Group([voters[i] for i in g], 0.0) for g in parts]
+        if self.task_type == TaskType.code and any(s.tests_passed is not None for s in voters):
+            best = max(_pass_rate(g.samples) for g in groups)
+            groups = [g for g in groups if _pass_rate(g.samples) == best]
+        for g in groups:
+            g.weight = sum(self._weight(s) for s in g.samples)
+        return sorted(groups, key=lambda g: (-g.weight, g.first))
+
+    def fuse(self, samples: Sequence[Sample]) -> Fusion | None:
+        """The vote over the finished samples; None when none finished.
+
+        Samples that state no answer do not vote; when no sample states one, the result
+        has answer None, agreement 0 and confidence 0.
+        """
+        done = _done(samples)
+        if not done:
+            return None
+        voters = [s for s in done if s.answer is not None]
+        if not voters:
+            first = min(done, key=lambda s: s.index)
+            return Fusion(
+                Result(answer=None, text=first.text or "", confidence=0.0, agreement=0.0,
+                       votes={}, chosen_sample=first.index, reasoning=_reasoning(first.text or "")),
+                [],
+            )  # fmt: skip
+        ranked = self._groups(voters)
+        winner = ranked[0]
+        chosen = max(winner.samples, key=lambda s: (s.confidence or 0.0, -s.index))
+        runner_up = len(ranked[1].samples) if len(ranked) > 1 else 0
+        votes = len(winner.samples)
+        greedy = [s for s in done if s.temperature == 0]
+        features = result_features(
+            votes=votes,
+            runner_up=runner_up,
+            finished=len(done),
+            greedy_agrees=any(s in winner.samples for s in greedy),
+            logprobs=[s.mean_logprob for s in winner.samples],
+            signals=[self.answers.signals(s.text or "", s.answer) for s in winner.samples],
+            confidences=[s.confidence or 0.0 for s in winner.samples],
+        )
+        confidence = self.calibration.result_confidence(self.mode.value, features, votes, len(done))
+        tally: dict[str, int] = {}
+        for group in ranked:
+            label = _display(group.samples[0].answer or "")
+            tally[label] = tally.get(label, 0) + len(group.samples)
+        result = Result(
+            answer=chosen.answer,
+            text=chosen.text or "",
+            confidence=round(confidence, 4),
+            agreement=round(votes / len(done), 4),
+            votes=tally,
+            chosen_sample=chosen.index,
+            reasoning=_reasoning(chosen.text or ""),
+        )
+        contested = self._contested(ranked) if self.config.clarify else []
+        return Fusion(result=result, contested=contested, features=features)
+
+    def _contested(self, ranked: Sequence[_Group]) -> list[str]:
+        """The competing answers when the vote is genuinely split: the winner has at most
+        ``clarify_below`` of the votes and is not a likely leader (Beta rule < 0.8)."""
+        sizes = [len(g.samples) for g in ranked]
+        if (
+            len(sizes) < 2
+            or sizes[0] / sum(sizes) > self.settings.clarify_below
+            or leader_probability(sizes) >= 0.8
+        ):
+            return []
+        return [_display(g.samples[0].answer or "") for g in ranked[:4]]
+
+    # --- stopping -----------------------------------------------------------------------
+    def stop(self, samples: Sequence[Sample]) -> StopCheck:
+        """After a finished sample: whether the rest of the samples can be skipped."""
+        remaining = sum(s.status in (SampleStatus.queued, SampleStatus.running) for s in samples)
+        voters = [s for s in _done(samples) if s.answer is not None]
+        if not voters:
+            return StopCheck(remaining == 0, 0.0)
+        sizes = sorted(
+            (len(g) for g in group_answers([s.answer for s in voters], self.task_type)),
+            reverse=True,
+        )
+        probability = leader_probability(sizes)
+        if remaining == 0:
+            return StopCheck(True, probability)
+        if not self.early_stop:
+            return StopCheck(False, probability)
+        runner_up = sizes[1] if len(sizes) > 1 else 0
+        if sizes[0] > runner_up + remaining:
+            return StopCheck(True, 1.0)
+        return StopCheck(probability >= self.target_confidence, probability)
+
+    def saved(self, samples: Sequence[Sample]) -> tuple[int, int]:
+        """(samples, tokens) the stop rule saved: skipped samples, times the mean
+        completion tokens of the finished ones."""
+        skipped = sum(s.status == SampleStatus.skipped for s in samples)
+        done = _done(samples)
+        mean_tokens = sum(s.tokens.completion for s in done) / len(done) if done else 0.0
+        return skipped, round(skipped * mean_tokens)
+
+    # --- anytime answers ----------------------------------------------------------------
+    def preliminary(self, samples: Sequence[Sample]) -> Result | None:
+        """A new preliminary answer when the leader or its confidence changed (at most one
+        per :data:`PRELIMINARY_INTERVAL_S`); None otherwise."""
+        if not self.anytime:
+            return None
+        now = self._clock()
+        last = self._last_preliminary
+        if last is not None and now - last[2] < PRELIMINARY_INTERVAL_S:
+            return None
+        fusion = self.fuse(samples)
+        if fusion is None:
+            return None
+        result = fusion.result
+        if (
+            last is not None
+            and last[0] == result.answer
+            and abs(last[1] - result.confidence) < PRELIMINARY_STEP
+        ):
+            return None
+        self._last_preliminary = (result.answer, result.confidence, now)
+        return result
+
+    # --- clarification ------------------------------------------------------------------
+    def clarification_messages(self, contested: Sequence[str]) -> list[dict[str, Any]]:
+        """A request asking the model for one question that would settle the split."""
+        options = "; ".join(contested)
+        return [
+            {
+                "role": "system",
+                "content": "You help resolve ambiguous questions. Reply with one short "
+                "question to the user, ending with a question mark. Do not answer it.",
+            },
+            {
+                "role": "user",
+                "content": (
+                    f"Question: {task_prompt(self.task)}\nDifferent careful readings gave "
+                    f"these answers: {options}.\nAsk the user one short question whose "
+                    "answer would tell which reading they meant."
+                ),
+            },
+        ]
+
+    def clarification(self, contested: Sequence[str], reply: str | None) -> str:
+        """The model's question if it is one, else a template built from the answers.
+
+        The model's reply is accepted when its first line is one question (ends in "?",
+        at most :data:`MAX_QUESTION_CHARS`), states no answer ("the answer is") and copies
+        no sample's text; otherwise "Did you mean A, or B?".
+        """
+        question = (reply or "").strip().split("\n", 1)[0].strip().strip("*\"' ")
+        texts = [s.text or "" for s in self.task.samples if s.text]
+        if (
+            question.endswith("?")
+            and 8 <= len(question) <= MAX_QUESTION_CHARS
+            and question.count("?") == 1
+            and not re.search(r"\banswer\s+(?:is|:)", question, re.IGNORECASE)
+            and not any(question.rstrip("?").strip() in t for t in texts)
+        ):
+            return question
+        answers = [a if len(a) <= 60 else a[:57] + "..." for a in contested[:3]]
+        if len(answers) == 1:
+            return f"Did you mean {answers[0]}?"
+        return f"Did you mean {', '.join(answers[:-1])}, or {answers[-1]}?"
+
+
+def _pass_rate(group: Sequence[Sample]) -> float:
+    rates = [
+        (s.tests_passed or 0) / max(1, (s.tests_passed or 0) + (s.tests_failed or 0)) for s in group
     ]
+    return max(rates)
+
+
+class FastStrategy(Strategy):
+    """One sample; its answer as it is."""
+
+    mode = Mode.fast
+
+
+class StandardStrategy(Strategy):
+    """N chain-of-thought samples (greedy first), the weighted vote, the Beta stop rule,
+    and anytime preliminary answers."""
+
+    mode = Mode.standard
+    anytime = True
+
+
+class DeepStrategy(Strategy):
+    """Like standard, with the deep mode's settings: samples over reasoning paths
+    (``paths``), the first one promoted for an early answer (``progressive``), and a
+    clarifying question when the vote is genuinely split (``clarify``)."""
+
+    mode = Mode.deep
+    anytime = True
+
+
+_STRATEGIES: dict[Mode, type[Strategy]] = {
+    cls.mode: cls for cls in (FastStrategy, StandardStrategy, DeepStrategy)
+}
+
+
+def create_strategy(
+    task: Task, settings: Settings, *, calibration: Calibration | None = None
+) -> Strategy:
+    """The strategy of the task's mode."""
+    try:
+        cls = _STRATEGIES[Mode(task.mode)]
+    except (KeyError, ValueError):
+        raise ValueError(
+            f"Unknown mode: {task.mode!r}; expected one of fast, standard, deep"
+        ) from None
+    return cls(task, settings, calibration=calibration)

@@ -1,0 +1,166 @@
+"""Code answers: the last fenced code block (Python compared by its syntax tree).
+
+Two candidates are the same when their ASTs are equal (comments, formatting and
+docstrings ignored); a candidate that does not parse is compared by its stripped text.
+With task tests, the sandbox runs each candidate (see :mod:`ponder.enhance.sandbox`).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import threading
+import warnings
+from collections.abc import Sequence
+
+from ponder.enhance.answers.base import AnswerType, Question, register
+from ponder.types import TaskType
+
+__all__ = ["CodeAnswer", "extract_code_block", "fenced_blocks"]
+
+# ---------------------------------------------------------------------------------------
+
+_FENCE_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
+
+
+def fenced_blocks(text: str) -> list[tuple[str, str]]:
+    """All fenced blocks as (language, body), in order; an unclosed last fence runs to the end.
+
+    A line scanner rather than one regex: linear on any input.
+    """
+    blocks: list[tuple[str, str]] = []
+    fence: str | None = None
+    lang = ""
+    body: list[str] = []
+    for line in text.splitlines():
+        if fence is None:
+            m = _FENCE_OPEN.match(line)
+            if m:
+                fence, lang, body = m[1], m[2].lower(), []
+        elif line.strip() == fence or (
+            line.strip().startswith(fence[:3]) and set(line.strip()) == {fence[0]}
+        ):
+            blocks.append((lang, "\n".join(body)))
+            fence = None
+        else:
+            body.append(line)
+    if fence is not None and body:
+        blocks.append((lang, "\n".join(body)))
+    return blocks
+
+
+_PYTHON_LANGS = frozenset({"python", "py", "python3", "py3"})
+
+
+def extract_code_block(text: str, *, python_only: bool = False) -> str | None:
+    """The last fenced code block of ``text`` (its body, without the fences), or None.
+
+    With ``python_only`` the last block tagged python/py/python3 is preferred and an
+    untagged block is the fallback; blocks in other languages are skipped.
+    """
+    blocks = fenced_blocks(text)
+    if python_only:
+        tagged = [b for lang, b in blocks if lang in _PYTHON_LANGS]
+        if tagged:
+            return tagged[-1].strip("\n") or None
+        blocks = [(lang, b) for lang, b in blocks if not lang]
+    for _lang, body in reversed(blocks):
+        if body.strip():
+            return body.strip("\n")
+    return None
+
+
+_warnings_lock = threading.Lock()
+
+
+def _parse_python(code: str) -> ast.Module | None:
+    """``ast.parse`` that returns None instead of raising (and ignores escape warnings)."""
+    try:
+        return ast.parse(code)
+    except SyntaxError as e:
+        # '\d' in a string is a DeprecationWarning at parse time; under "warnings are
+        # errors" it surfaces as a SyntaxError. Retry with warnings ignored (the lock only
+        # serialises our own use of the process-global warning filters).
+        if "escape sequence" not in str(e):
+            return None
+    except (ValueError, RecursionError, MemoryError):
+        return None
+    with _warnings_lock, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        try:
+            return ast.parse(code)
+        except (SyntaxError, ValueError, RecursionError, MemoryError):
+            return None
+
+
+def _strip_docstrings(tree: ast.Module) -> ast.Module:
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            body = node.body
+            if (
+                body
+                and isinstance(body[0], ast.Expr)
+                and isinstance(body[0].value, ast.Constant)
+                and isinstance(body[0].value.value, str)
+            ):
+                node.body = body[1:] or [ast.Pass()]
+    return tree
+
+
+def _code_key(code: str) -> str:
+    tree = _parse_python(code)
+    if tree is None:
+        return code.strip()
+    try:
+        return "ast:" + ast.dump(_strip_docstrings(tree))
+    except (RecursionError, ValueError):
+        return code.strip()
+
+
+def _extract_code(text: str) -> str | None:
+    block = extract_code_block(text)
+    if block is not None:
+        return block
+    # No fence: the whole text counts when it is Python defining something.
+    tree = _parse_python(text) if "\n" in text.strip() or "def " in text else None
+    if tree is not None and any(
+        isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef) for n in tree.body
+    ):
+        return text.strip("\n")
+    return None
+
+
+_CODE_REQUEST = re.compile(
+    r"\b(?:write|implement|complete|create|define|code|fix|refactor|generate)\b[^.?!\n]{0,80}?"
+    r"\b(?:function|program|script|class|method|code|snippet|algorithm)\b"
+    r"|^[ \t]*(?:def\s+\w+\s*\(|class\s+\w+|import\s+\w+|from\s+[\w.]+\s+import\b)"
+    r"|\bin\s+python\b",
+    re.IGNORECASE | re.MULTILINE,
+)
+
+
+@register
+class CodeAnswer(AnswerType):
+    task_type = TaskType.code
+    instruction = "Give the complete solution as one ```python code block."
+
+    def extract(self, text: str, question: Question) -> str | None:
+        return _extract_code(text)
+
+    def key(self, answer: str) -> str:
+        """``ast.dump`` of the tree without docstrings (the stripped text if it does not
+        parse)."""
+        return _code_key(answer)
+
+    def signals(self, text: str, answer: str | None) -> float:
+        """1 when the answer parses as Python, 0.6 when it does not, 0 without one."""
+        if answer is None:
+            return 0.0
+        return 1.0 if _parse_python(answer) is not None else 0.6
+
+    def claim(self, prompt: str, outputs: Sequence[str]) -> int:
+        if _CODE_REQUEST.search(prompt):
+            return 50
+        if outputs and sum(1 for o in outputs if fenced_blocks(o)) > len(outputs) / 2:
+            return 30
+        return 0

@@ -1,0 +1,336 @@
+"""Math answers: numbers and LaTeX expressions.
+
+Extraction, in order: the last ``\\boxed{}``; the last ``####``; the last "the answer
+is …"/"Answer: …" that states something mathy; else the last *stated result* — a number
+that is not an operand of an arithmetic expression ("2 + 2 is 4, which is the answer to
+the equation 2 + 2" gives 4, not 2; "= 8", "leaving 3", "there are 1,500"). A text whose
+numbers are all operands ("To find 3 + 5, add them together.") states no answer: None.
+
+Choices (also stated in the tests):
+
+* **Percent** is a unit, dropped like any other: ``50%`` == ``50``, and ``50%`` != ``0.5``
+  (counting ``0.5`` as well would make the relation non-transitive: 50 = 50% = 0.5 ≠ 50).
+* **Units and trailing words** are dropped (``12 apples`` → ``12``), as are currency
+  signs (``$5``, ``\\$5``), degree signs and ``\\text{…}`` units; a number followed by a
+  comment ("0.125, which is 12.5%") is that number.
+* **Plain rationals** (integers, decimals, ``a/b``, ``\\frac{a}{b}``) compare exactly
+  through their key: ``1.2`` != ``12`` and ``0.33`` != ``1/3``. Everything else goes to
+  math-verify, in the bounded process pool of :mod:`ponder.enhance.mathverify`; answers
+  longer than :data:`MAX_MATH_CHARS` are compared by key only.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from fractions import Fraction
+
+from ponder.enhance.answers.base import (
+    ANSWER_ANCHOR,
+    TAIL_CHARS,
+    AnswerType,
+    Question,
+    all_boxed,
+    anchored_statements,
+    register,
+    statement_signals,
+)
+from ponder.enhance.mathverify import get_pool
+from ponder.types import TaskType
+
+__all__ = ["MAX_MATH_CHARS", "MathAnswer", "clean_math", "cut_sentence"]
+
+#: math answers longer than this are compared by canonical key only
+MAX_MATH_CHARS = 300
+
+_HASHES = re.compile(r"####\s*([^\n]*)")
+_SENTENCE_END = re.compile(r"\.(?:\s|$)|\s[-\u2013\u2014]\s|;|\bI hope\b", re.IGNORECASE)
+_NUMBER = re.compile(
+    r"(?:(?<=^)|(?<=[\s(\[{$=:]))-?\$?\d{1,3}(?:,\d{3})+(?:\.\d+)?%?"
+    r"|(?:(?<=^)|(?<=[\s(\[{$=:]))-\$?\d+(?:\.\d+)?(?:/\d+)?%?"
+    r"|\d+(?:\.\d+)?(?:/\d+)?%?"
+)
+#: an arithmetic operator between numbers ("x" only between spaces: "3 x 4")
+_OPERATOR = r"(?:[-+*/\u00d7\u00f7^]|\s[xX]\s|\\times|\\cdot|\\div)"
+_OPERAND_AFTER = re.compile(
+    rf"^\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?\d|^\s*\)?\s*=|^\s*(?:[-+*/\u00d7\u00f7^]|\s[xX])\s*$"
+)
+#: a result verb just before a number: "= 8", "is 4", "equals 12", "leaving 3", "gives 7"
+_RESULT_BEFORE = re.compile(
+    r"(?:=|\b(?:is|are|was|were|be|equals?|gives?|gave|get|gets|got|makes?|made|leaves|"
+    r"leaving|left\s+with|total(?:\s+of)?|results?\s+in|comes?\s+to|needs?|has|have|had))"
+    r"\s*(?:\*\*)?\s*(?:approximately\s+|about\s+|exactly\s+|only\s+)?\(?\s*\$?\s*$",
+    re.IGNORECASE,
+)
+_OPERAND_BEFORE = re.compile(rf"\d\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?$")
+_LEADING_FILLER = re.compile(
+    r"^(?:approximately|approx\.?|about|around|roughly|exactly|only|just|equal\s+to|equals|"
+    r"a\s+total\s+of|total\s+of|of|is|be|\\approx|≈|~)\s*",
+    re.IGNORECASE,
+)
+_TEXT_CMD = re.compile(r"\\(?:text|textbf|textit|mathrm|mathbf|mbox|operatorname)\s*\{([^{}]*)\}")
+_DEGREES = re.compile(r"\^\s*\{?\s*\\circ\s*\}?|\\circ|°|\\degree")
+_TRAILING_WORDS = re.compile(r"(?<=[\d}).%])\s+[A-Za-z][A-Za-z'\u2019]+(?:\b.*)?$", re.DOTALL)
+_VAR_ASSIGN = re.compile(r"^[A-Za-z](?:_\{?\w+\}?)?\s*=\s*(?=\S)")
+_CURRENCY = re.compile(r"^(?:\\\$|\$|€|£|¥|USD\s*|US\$)\s*(?=[-\d.])")
+_COMMENTED_NUMBER = re.compile(
+    r"^(-?(?:\d{1,3}(?:,\d{3})+|\d+)(?:\.\d+)?%?)\s*(?:[,;(]\s*|\s)(?:which|that|this|because|"
+    r"since|as|so|and|or|i\.e|meaning|or\s+about|approximately)\b",
+    re.IGNORECASE,
+)
+_THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+_DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,3})?$")
+_RATIO = re.compile(r"^([-+]?\d+)/(\d+)$")
+_FRAC = re.compile(
+    r"^([-+]?)\\frac\{([-+]?\d+(?:\.\d+)?)\}\{([-+]?\d+(?:\.\d+)?)\}$|^([-+]?)\\frac(\d)(\d)$"
+)
+_WORK_STEP = re.compile(r"\d\s*[-+*/\u00d7\u00f7^]\s*\(?\d|=\s*\$?-?\d|\\(?:frac|times|cdot)")
+_MATH_PROMPT = re.compile(
+    r"\d\s*[-+*/\u00d7\u00f7^=<>]\s*\d|\bhow\s+(?:many|much|long|far|old)\b|\\frac|\\sqrt|\\boxed"
+    r"|\b(?:calculate|compute|solve|evaluate|simplify|sum|product|percent(?:age)?|average|"
+    r"probability|equation|integer|remainder|digits?|total|cost|price|area|volume|"
+    r"perimeter|ratio)\b",
+    re.IGNORECASE,
+)
+_ENDS_NUMERIC = re.compile(r"(?:\\boxed\s*\{|####)|\d[\d,.]*\s*%?\$?\s*[.)*]*\s*$")
+
+
+def strip_math_delimiters(s: str) -> str:
+    s = s.strip()
+    for left, right in (("$$", "$$"), ("\\[", "\\]"), ("\\(", "\\)")):
+        if s.startswith(left) and right in s[len(left) :]:
+            return s[len(left) : s.index(right, len(left))].strip()
+    # a $…$ pair anywhere: its content; a lone leading $ is a currency sign
+    unescaped = [m.start() for m in re.finditer(r"(?<!\\)\$", s)]
+    if len(unescaped) >= 2:
+        return s[unescaped[0] + 1 : unescaped[1]].strip()
+    return s
+
+
+def cut_sentence(s: str) -> str:
+    """The first sentence of a one-line remainder (decimals such as 12.5 are not cut)."""
+    inner = strip_math_delimiters(s) if s.lstrip().startswith(("$", "\\(", "\\[")) else None
+    if inner is not None and inner != s.strip():
+        return inner
+    m = _SENTENCE_END.search(s)
+    return s[: m.start()] if m else s
+
+
+def clean_math(raw: str) -> str:
+    """A math answer as displayed: delimiters, markup, units, trailing words removed."""
+    s = raw.strip().strip("*`").strip()
+    anchors = list(ANSWER_ANCHOR.finditer(s))
+    if anchors and s[anchors[-1].end() :].strip():
+        s = cut_sentence(s[anchors[-1].end() :].strip())
+    boxed = all_boxed(s)
+    if boxed:
+        s = boxed[-1]
+    s = strip_math_delimiters(s)
+    s = s.strip().strip("*`").strip()
+    # \text{…}: alone it is the answer; after an expression it is a unit
+    only_text = _TEXT_CMD.fullmatch(s.strip())
+    s = only_text[1] if only_text else _TEXT_CMD.sub(" ", s)
+    s = _DEGREES.sub("", s)
+    for _ in range(3):
+        s = _LEADING_FILLER.sub("", s.strip())
+    s = _CURRENCY.sub("", s.strip())
+    s = re.sub(r"(?<=[-\s])(?:\\\$|\$)(?=\d)", "", s)
+    s = _TRAILING_WORDS.sub("", s.strip())
+    s = s.strip().rstrip(".,;:!?").strip().strip("*`'\"").lstrip("#").strip()
+    commented = _COMMENTED_NUMBER.match(s)
+    if commented:
+        s = commented[1]
+    s = re.sub(r"\s*(?:\\,|\\!|\\;|\\ )\s*", " ", s).strip()
+    m = _VAR_ASSIGN.match(s)
+    if m and not re.search(r"[=<>]", s[m.end() :]):
+        s = s[m.end() :].strip()
+    elif "=" in s:
+        # "5 + 3 = 8": a worked computation; its result is the answer. An equation with
+        # variables on the left ("x^2 + y^2 = 1") is kept whole.
+        lhs, rhs = s.rsplit("=", 1)
+        if (
+            rhs.strip()
+            and not lhs.rstrip().endswith(("<", ">", "!"))
+            and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", lhs))
+        ):
+            s = rhs.strip()
+    return s
+
+
+def _looks_mathy(s: str) -> bool:
+    return bool(s) and (any(c.isdigit() for c in s) or "\\" in s or len(s) <= 2)
+
+
+def stated_results(text: str, asked: frozenset[str] = frozenset()) -> list[str]:
+    """The numbers ``text`` states as results, in order.
+
+    Operands of an arithmetic expression ("3 + 5", "2 * (4 - 1)") are not results. A
+    number after a result verb ("= 8", "is 4", "leaving 3") is one; any other number is
+    one unless it is among ``asked``, the numbers of the question ("To add 3 and 2, …"
+    restates the question, it answers nothing).
+    """
+    out = []
+    for m in _NUMBER.finditer(text):
+        before, after = text[max(0, m.start() - 24) : m.start()], text[m.end() : m.end() + 12]
+        if _OPERAND_AFTER.match(after):
+            continue
+        strong = bool(_RESULT_BEFORE.search(before))
+        if _OPERAND_BEFORE.search(before) and not re.search(r"=\s*\(?\s*\$?$", before):
+            continue
+        if not strong and _math_key_of(m[0]) in asked:
+            continue
+        out.append(m[0])
+    return out
+
+
+@functools.lru_cache(maxsize=256)
+def question_numbers(prompt: str) -> frozenset[str]:
+    """The canonical keys of the numbers in a question."""
+    return frozenset(_math_key_of(n) for n in _NUMBER.findall(prompt[-TAIL_CHARS:]))
+
+
+def _math_key_of(number: str) -> str:
+    value = as_rational(_math_normal(number))
+    return str(value) if value is not None else number
+
+
+_ZERO_FRACTION = re.compile(r"^-?\d+\.0+$")
+_WORDY = re.compile(r"^[A-Za-z]{2,}[A-Za-z]*\s+[A-Za-z]")
+_NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE)
+
+
+@functools.lru_cache(maxsize=4096)
+def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
+    text = text[-TAIL_CHARS:]
+    boxed = all_boxed(text)
+    if boxed:
+        ans = clean_math(boxed[-1])
+        if ans:
+            return ans
+    for cand in reversed(_HASHES.findall(text)):
+        ans = clean_math(cand)
+        if _looks_mathy(ans):
+            return ans
+    for stmt in reversed(anchored_statements(text)):
+        if _NEGATED.match(stmt):
+            continue  # "the answer is not an integer": no answer stated here
+        ans = clean_math(cut_sentence(stmt))
+        if _WORDY.match(ans):
+            # "the answer is the sum of 2 and 4, which is 6": the result it states
+            results = stated_results(stmt, asked)
+            if results:
+                return clean_math(results[-1]) or None
+            continue
+        if _looks_mathy(ans):
+            return ans
+    results = stated_results(text, asked)
+    if not results and len(text.split()) <= 4:
+        results = stated_results(text)  # a bare "3 days." is the answer it gives
+    if results:
+        return clean_math(results[-1]) or None
+    return None
+
+
+def _math_normal(answer: str) -> str:
+    """The cleaned answer in the form both the key and math-verify see."""
+    s = clean_math(answer)
+    s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
+    s = re.sub(r"\\left\s*|\\right\s*", "", s)
+    s = s.replace("\\%", "").replace("%", "")
+    s = s.replace("\\$", "")
+    s = s.replace("\u2212", "-")  # the Unicode minus sign
+    s = s.strip()
+    if _THOUSANDS.match(s):
+        s = s.replace(",", "")
+    return s
+
+
+def as_rational(s: str) -> Fraction | None:
+    compact = s.replace(" ", "")
+    try:
+        if _DECIMAL.match(compact):
+            return Fraction(compact)
+        m = _RATIO.match(compact)
+        if m and int(m[2]) != 0:
+            return Fraction(int(m[1]), int(m[2]))
+        m = _FRAC.match(compact)
+        if m:
+            sign, num, den = (m[1], m[2], m[3]) if m[2] is not None else (m[4], m[5], m[6])
+            d = Fraction(den)
+            if d != 0:
+                value = Fraction(num) / d
+                return -value if sign == "-" else value
+    except (ValueError, ZeroDivisionError):
+        return None
+    return None
+
+
+@functools.lru_cache(maxsize=4096)
+def _verified(a: str, b: str) -> bool:
+    return get_pool().same(a, b)
+
+
+def _final_statements(text: str) -> list[str]:
+    tail = text[-TAIL_CHARS:]
+    raw = [*all_boxed(tail), *_HASHES.findall(tail)]
+    raw += [cut_sentence(s) for s in anchored_statements(tail)]
+    return [ans for ans in (clean_math(r) for r in raw) if _looks_mathy(ans)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _math_signals(text: str) -> float:
+    work = min(1.0, len(_WORK_STEP.findall(text[-TAIL_CHARS:])) / 3)
+    return statement_signals(work, [MathAnswer().key(s) for s in _final_statements(text)])
+
+
+@register
+class MathAnswer(AnswerType):
+    task_type = TaskType.math
+
+    def extract(self, text: str, question: Question) -> str | None:
+        """The final stated answer; a whole number written with a zero fraction ("12.0")
+        is shown as the whole number."""
+        asked = question_numbers(question.prompt) if question.prompt else frozenset()
+        answer = extract_math(text, asked)
+        if answer is not None and _ZERO_FRACTION.match(answer):
+            return answer.split(".", 1)[0]
+        return answer
+
+    def key(self, answer: str) -> str:
+        """A plain rational as ``str(Fraction)`` ("12" for 12, 12.0, 1,234 → "1234",
+        \\frac{24}{2}, 12 apples, $12, 12%; "1/2" for 0.5), else the cleaned LaTeX
+        without spaces."""
+        s = _math_normal(answer)
+        value = as_rational(s)
+        if value is not None:
+            return str(value)
+        return re.sub(r"\s+", "", s)
+
+    def same(self, a: str, b: str) -> bool:
+        if a == b:
+            return True
+        na, nb = _math_normal(a), _math_normal(b)
+        if self.key(na) == self.key(nb):
+            return True
+        if as_rational(na) is not None and as_rational(nb) is not None:
+            return False
+        if not na or not nb or len(na) > MAX_MATH_CHARS or len(nb) > MAX_MATH_CHARS:
+            return False
+        return _verified(*sorted((na, nb)))
+
+    def signals(self, text: str, answer: str | None) -> float:
+        """``0.4 * work + 0.4 * consistent + 0.2 * restated`` (0 without an answer).
+
+        work: arithmetic steps shown, ``min(1, steps / 3)``; consistent: 0 when the text
+        states two different final answers; restated: 1 for two or more agreeing final
+        statements, 0.5 for one, 0.25 when the answer came from a stated result only.
+        """
+        return 0.0 if answer is None else _math_signals(text)
+
+    def claim(self, prompt: str, outputs: Sequence[str]) -> int:
+        if _MATH_PROMPT.search(prompt):
+            return 20
+        if outputs and sum(1 for o in outputs if _ENDS_NUMERIC.search(o[-200:])) > len(outputs) / 2:
+            return 10
+        return 0

@@ -1,0 +1,173 @@
+"""Calibrated confidence: the estimated probability that an answer is right.
+
+Two logistic models, fitted by ``bench/quality.py report --write-calibration`` on the
+quality benchmark's recorded samples and shipped as package data
+(``calibration.json``):
+
+* per sample: P(this sample's answer is right) from its mean token log-probability,
+  how much of its text repeats itself, its answer type's reasoning signals and whether
+  it hit the token limit;
+* per mode, for the fused result: P(the voted answer is right) from the vote (the
+  winner's share of the finished samples, its margin over the runner-up, how many
+  samples finished, whether the greedy sample agrees) and the winner's samples (mean
+  log-probability, mean signals, mean sample confidence).
+
+By construction one sample is never confident: a result's probability is capped at the
+winner's Laplace share ``(votes + 1) / (finished + 2)`` (2/3 for one sample), and an
+answer of None has probability 0. Confidence depends on the model: the file holds one
+fit per benchmark model (by ``PONDER_MODEL`` name) and one over all of them for other
+models, with the held-out expected calibration error per mode that the benchmark measured.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+__all__ = [
+    "RESULT_FEATURES",
+    "SAMPLE_FEATURES",
+    "Calibration",
+    "LogisticModel",
+    "default_calibration",
+    "laplace_cap",
+    "result_features",
+    "sample_features",
+]
+
+SAMPLE_FEATURES = ("mean_logprob", "signals", "truncated", "repetition")
+RESULT_FEATURES = (
+    "share",
+    "margin",
+    "log_finished",
+    "greedy_agrees",
+    "mean_logprob",
+    "signals",
+    "sample_confidence",
+)
+#: log-probabilities below this are clipped (a degenerate sample must not dominate)
+_LOGPROB_FLOOR = -5.0
+
+
+@dataclass(frozen=True)
+class LogisticModel:
+    """``sigmoid(intercept + Σ coef[f] · x[f])`` over named features."""
+
+    intercept: float
+    coef: Mapping[str, float]
+
+    def predict(self, features: Mapping[str, float]) -> float:
+        z = self.intercept + sum(w * features.get(name, 0.0) for name, w in self.coef.items())
+        z = max(-30.0, min(30.0, z))
+        return 1.0 / (1.0 + math.exp(-z))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> LogisticModel:
+        return cls(float(data["intercept"]), {k: float(v) for k, v in data["coef"].items()})
+
+    def to_json(self) -> dict[str, Any]:
+        return {"intercept": self.intercept, "coef": dict(self.coef)}
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """The fitted models: one per sample, one per mode for results."""
+
+    sample: LogisticModel
+    modes: Mapping[str, LogisticModel]
+    info: Mapping[str, Any]
+
+    def sample_confidence(self, features: Mapping[str, float]) -> float:
+        return self.sample.predict(features)
+
+    def result_confidence(
+        self, mode: str, features: Mapping[str, float], votes: int, finished: int
+    ) -> float:
+        """P(the voted answer is right), capped at the Laplace share of its votes."""
+        model = self.modes.get(mode) or self.modes["standard"]
+        return min(model.predict(features), laplace_cap(votes, finished))
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        return cls(
+            sample=LogisticModel.from_json(data["sample"]),
+            modes={m: LogisticModel.from_json(v) for m, v in data["modes"].items()},
+            info=data.get("info", {}),
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "info": dict(self.info),
+            "sample": self.sample.to_json(),
+            "modes": {m: v.to_json() for m, v in self.modes.items()},
+        }
+
+
+def laplace_cap(votes: int, finished: int) -> float:
+    """``(votes + 1) / (finished + 2)``: what ``votes`` of ``finished`` can support."""
+    return (votes + 1) / (finished + 2)
+
+
+def _logprob(value: float | None) -> float:
+    return max(_LOGPROB_FLOOR, value) if value is not None else _LOGPROB_FLOOR / 2
+
+
+def sample_features(
+    mean_logprob: float | None, signals: float, finish_reason: str | None, text: str = ""
+) -> dict[str, float]:
+    """A sample's features: its mean token log-probability (a looping text is likely
+    token by token, so also ``repetition``: the share of its lines that repeat an earlier
+    one), its answer type's signals, and whether it hit the token limit."""
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    repeated = (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
+    return {
+        "mean_logprob": _logprob(mean_logprob),
+        "signals": signals,
+        "truncated": 1.0 if finish_reason == "length" else 0.0,
+        "repetition": repeated,
+    }
+
+
+def result_features(
+    *,
+    votes: int,
+    runner_up: int,
+    finished: int,
+    greedy_agrees: bool,
+    logprobs: Sequence[float | None],
+    signals: Sequence[float],
+    confidences: Sequence[float],
+) -> dict[str, float]:
+    """The features of a voted answer (see the module docstring)."""
+    n = max(1, finished)
+    return {
+        "share": votes / n,
+        "margin": (votes - runner_up) / n,
+        "log_finished": math.log(n),
+        "greedy_agrees": 1.0 if greedy_agrees else 0.0,
+        "mean_logprob": sum(_logprob(x) for x in logprobs) / max(1, len(logprobs)),
+        "signals": sum(signals) / max(1, len(signals)),
+        "sample_confidence": sum(confidences) / max(1, len(confidences)),
+    }
+
+
+@functools.cache
+def _shipped() -> dict[str, Any]:
+    text = resources.files("ponder.enhance").joinpath("calibration.json").read_text()
+    data: dict[str, Any] = json.loads(text)
+    return data
+
+
+@functools.cache
+def default_calibration(model: str | None = None) -> Calibration:
+    """The calibration shipped with the package (``ponder/enhance/calibration.json``):
+    the one fitted for ``model`` (a ``PONDER_MODEL`` name) if there is one, else the one
+    fitted on every benchmark model together."""
+    data = _shipped()
+    fitted = data.get("models", {}).get(model) if model else None
+    return Calibration.from_json(fitted or data["default"])
