@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import sqlite3
 import time
 from collections.abc import AsyncIterator
@@ -111,3 +113,22 @@ async def test_an_unusable_file_raises_store_unavailable(
     with pytest.raises(StoreUnavailable):
         await store.start()
     assert not await store.ping()
+
+
+async def test_a_write_cancelled_at_any_point_leaves_the_store_usable(store: SqliteStore) -> None:
+    """Regression (seen after cancels became notices): a cancel that landed while BEGIN ran
+    in aiosqlite's thread left the connection inside a transaction, and every later write
+    failed with "cannot start a transaction within a transaction"."""
+    task = await add(store)
+    for yields in range(12):
+        fresh = await store.get_task(task.id)
+        assert fresh is not None
+        fresh.metadata = {"n": yields}
+        write = asyncio.create_task(store.update_task(fresh, [("status", {"n": yields})]))
+        for _ in range(yields):
+            await asyncio.sleep(0)
+        write.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await write
+        other = await add(store)  # a write after it still works
+        assert await store.get_task(other.id) is not None

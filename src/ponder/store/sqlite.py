@@ -21,6 +21,7 @@ on :meth:`start` and at most once a minute while tasks are created.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import sqlite3
 import time
@@ -154,6 +155,11 @@ class _Signal:
         self._event = asyncio.Event()
 
 
+async def _rollback(db: aiosqlite.Connection) -> None:
+    with contextlib.suppress(sqlite3.OperationalError):  # no transaction is active
+        await db.execute("ROLLBACK")
+
+
 async def _first(db: aiosqlite.Connection, sql: str, params: Sequence[Any] = ()) -> Any:
     """The first row of a query, or None."""
     return next(iter(await db.execute_fetchall(sql, params)), None)
@@ -195,14 +201,17 @@ class SqliteStore(TaskStore):
 
     @asynccontextmanager
     async def _tx(self) -> AsyncIterator[aiosqlite.Connection]:
-        """One write transaction: committed at the end of the block, rolled back on error."""
+        """One write transaction: committed at the end of the block, rolled back on error.
+
+        A cancel can land while BEGIN still runs in aiosqlite's thread (it runs to its end
+        whatever the awaiting coroutine does): the rollback is queued behind it, shielded,
+        and tolerates "no transaction is active" (some errors roll back by themselves)."""
         async with self._conn() as db:
-            await db.execute("BEGIN IMMEDIATE")
             try:
+                await db.execute("BEGIN IMMEDIATE")
                 yield db
             except BaseException:
-                if db.in_transaction:  # some errors (e.g. disk full) roll back by themselves
-                    await db.execute("ROLLBACK")
+                await asyncio.shield(_rollback(db))
                 raise
             await db.execute("COMMIT")
 
