@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import faulthandler
 import os
 import socket
+import sys
 import threading
 import time
 import uuid
@@ -20,6 +22,18 @@ import uvicorn
 from ponder.config import Settings, load_settings
 
 REDIS_URL = os.environ.get("PONDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+#: how long the interpreter may take to exit after the last test
+EXIT_DEADLINE_S = 60
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """A run whose process does not exit (a thread that is not a daemon left running, such
+    as an unclosed aiosqlite connection's) fails after EXIT_DEADLINE_S with every thread's
+    stack, instead of holding CI until its own timeout."""
+    faulthandler.dump_traceback_later(EXIT_DEADLINE_S, exit=True, file=sys.__stderr__)
 
 
 @pytest.fixture(scope="session")

@@ -395,6 +395,62 @@ async def test_bounded_tasks_in_flight(make_harness: Callable[..., Any]) -> None
     assert seen and max(seen) <= 2
 
 
+async def test_stop_ends_a_worker_whose_every_slot_runs_a_hanging_task(
+    make_harness: Callable[..., Any],
+) -> None:
+    """stop() while all slots are taken (no claim can start): the run ends after the
+    grace period, the hanging task released for another worker, not never."""
+    h: Harness = await make_harness(worker_max_tasks=1, shutdown_grace_s=0.3)
+    worker = h.start_worker()
+    task = await h.submit("[[hang]]", mode="fast")
+    async with asyncio.timeout(5):
+        await h.engine.arrived.wait()
+    worker.stop()
+    async with asyncio.timeout(5):
+        await h.workers[0][1]
+    assert worker.in_flight == 0
+    h.engine.arrived.clear()
+    h.start_worker()  # released, not lost: the next worker runs it again at once
+    async with asyncio.timeout(5):
+        await h.engine.arrived.wait()
+    assert len(h.engine.requests) == 2
+    stored = await h.store.get_task(task.id)
+    assert stored is not None and stored.attempts == 2
+
+
+async def test_entries_of_two_levels_with_one_id_both_run(redis_settings: Settings) -> None:
+    """Each priority level is a stream of its own, so entries added in the same
+    millisecond to two levels have the same id: both run at once, neither waits a lease."""
+    import redis.asyncio as aioredis
+
+    s = redis_settings.model_copy(update={"lease_s": 60.0})
+    store = create_store(s)
+    await store.start()
+    engine = RecordingEngine(s)
+    await engine.start()
+    r = aioredis.Redis.from_url(s.redis_url or "")
+    h = Harness(s, store, engine, engine)
+    try:
+        tasks: list[Task] = []
+        for _ in range(50):  # until two levels hold one id (at most a few rounds)
+            tasks += await asyncio.gather(
+                *(h.submit(f"[[answers: {p}]]", mode="fast", priority=p) for p in range(6))
+            )
+            ids = [e[0] for p in range(6) for e in await r.xrange(f"{s.key_prefix}:q:{p}")]
+            if len(set(ids)) < len(ids):
+                break
+        else:
+            pytest.fail("no two levels got an entry with the same id")
+        h.start_worker()
+        for t in tasks:
+            assert (await h.wait(t.id, timeout_s=10)).status == TaskStatus.done
+    finally:
+        await h.stop()
+        await r.aclose()
+        await engine.close()
+        await store.close()
+
+
 async def test_two_workers_share_the_queue(h: Harness) -> None:
     h.start_worker()
     h.start_worker()

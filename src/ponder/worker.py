@@ -112,7 +112,8 @@ class Worker:
         self.worker_id = worker_id or f"{settings.node_id}-w"
         self._picker = WeightedFairPicker(settings.priority_quotas)
         self._slots = asyncio.Semaphore(settings.worker_max_tasks)
-        self._in_flight: dict[str, _InFlight] = {}
+        #: by claim: an entry id alone is not unique (each priority level is a queue of its own)
+        self._in_flight: dict[Claim, _InFlight] = {}
         self._stopping = asyncio.Event()
         self._reclaim_every_s = min(settings.heartbeat_interval_s, 1.0)
         self._last_reclaim = -math.inf
@@ -163,8 +164,7 @@ class Worker:
 
     async def _claim_loop(self, *, burst: bool) -> None:
         backoff_s = _BACKOFF_MIN_S
-        while not self._stopping.is_set():
-            await self._slots.acquire()
+        while await self._free_slot():
             held = 1
             while not self._slots.locked():  # every free slot: a takeover may fill them all
                 await self._slots.acquire()
@@ -189,6 +189,23 @@ class Worker:
                 self._slots.release()
             if not claims and burst and not self._in_flight:
                 return
+
+    async def _free_slot(self) -> bool:
+        """Take a free slot; False (holding none) once :meth:`stop` is called, also while
+        every slot is held by a run that never ends (stop then reaches the drain)."""
+        if self._stopping.is_set():
+            return False
+        acquire = asyncio.create_task(self._slots.acquire())
+        stopping = asyncio.create_task(self._stopping.wait())
+        try:
+            await asyncio.wait((acquire, stopping), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            await cancel_and_wait([acquire, stopping])
+        got = acquire.done() and not acquire.cancelled()
+        if got and self._stopping.is_set():
+            self._slots.release()
+            return False
+        return got
 
     async def _next_claims(self, room: int) -> list[Claim]:
         """Entries taken over from dead or lapsed workers (up to ``room``), else one new.
@@ -220,14 +237,14 @@ class Worker:
     def _start_job(self, claim: Claim) -> bool:
         """Start running ``claim``; False when it already runs here (its own lapsed lease,
         taken back: the run goes on)."""
-        if claim.receipt in self._in_flight:
+        if claim in self._in_flight:
             return False
         flight = _InFlight(claim=claim)
         flight.job = asyncio.create_task(self._run_claim(flight), name=f"task-{claim.task_id}")
-        self._in_flight[claim.receipt] = flight
+        self._in_flight[claim] = flight
 
         def finished(t: asyncio.Task[None]) -> None:
-            self._in_flight.pop(claim.receipt, None)
+            self._in_flight.pop(claim, None)
             self._slots.release()
             if not t.cancelled() and t.exception() is not None:
                 log.error("task %s: unexpected error", claim.task_id, exc_info=t.exception())

@@ -296,8 +296,9 @@ async def test_batch_lines_never_make_interactive_submits_see_queue_full(
                 input_file_id=await upload(sdk, lines), endpoint=CHAT, completion_window="24h"
             )
             async with asyncio.timeout(10):  # one line runs (the only slot), three wait
-                while True:
-                    if await store.batch_pending_count() == 3:
+                while True:  # (the feeder adds lines one by one: wait for the settled state)
+                    running = (await client.get("/v1/tasks?status=running")).json()["data"]
+                    if len(running) == 1 and await store.batch_pending_count() == 3:
                         break
                     await asyncio.sleep(0.02)
             assert await store.pending_count() == 3  # the backlog is "full" of batch lines

@@ -91,9 +91,11 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         finally:
             if connecting is not None:
                 await cancel_and_wait([connecting])
-            if runtime is not None:
-                await runtime.stop()
-            await store.close()
+            try:
+                if runtime is not None:
+                    await runtime.stop()
+            finally:  # also when the stop is cancelled (a server shut down by force)
+                await store.close()
 
     app = FastAPI(
         title="ponder",
