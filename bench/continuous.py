@@ -338,6 +338,9 @@ uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
 """
 
 
+UNPOOLED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -385,7 +388,8 @@ async def openai_section(base: Settings, tasks: int, delay_s: float) -> list[str
             )
             async with (
                 Service(settings) as service,
-                httpx.AsyncClient(base_url=service.url, timeout=60) as client,
+                # every task's submit and event stream at once (httpx's default pool: 100)
+                httpx.AsyncClient(base_url=service.url, timeout=60, limits=UNPOOLED) as client,
             ):
                 async with httpx.AsyncClient() as raw:
                     before = (await raw.get(f"http://127.0.0.1:{port}/stats")).json()
@@ -709,7 +713,7 @@ def write_report(
                 f"{r.throughput_rps / ideal:.3f} | {r.p50_ms:.0f} ms | {r.p99_ms:.0f} ms |"
             )
         lines.append("")
-    path = RESULTS / "continuous.md"
+    path: Path = args.out.resolve()
     path.write_text("\n".join(lines))
     return path
 
@@ -758,6 +762,7 @@ def main() -> None:
     parser.add_argument("--preempt-s", type=float, default=30.0, help="urgent arrivals window")
     sections = ["model", "essay", "openai", "scripted", "preemption"]
     parser.add_argument("--skip", nargs="*", default=[], choices=sections)
+    parser.add_argument("--out", type=Path, default=RESULTS / "continuous.md", help="the report")
     args = parser.parse_args()
     started, started_load = time.monotonic(), load_average()
     log(f"load average {started_load}")

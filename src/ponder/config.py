@@ -137,6 +137,12 @@ class Settings(BaseSettings):
     key_prefix: str = Field(default="ponder", description="prefix of every Redis key")
     task_ttl_s: int = Field(default=86_400, ge=1, description="how long finished tasks are kept")
     store_timeout_s: float = Field(default=2.0, gt=0, description="time limit of one store call")
+    redis_max_connections: int = Field(
+        default=1024,
+        ge=8,
+        description="connections per Redis pool of a process (each event stream followed "
+        "holds one while it waits)",
+    )
 
     # --- api --------------------------------------------------------------------------
     host: str = Field(default="127.0.0.1", description="address the HTTP server binds to")

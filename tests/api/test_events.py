@@ -394,3 +394,43 @@ async def test_event_streams_are_rate_limited(settings: Settings) -> None:
         with pytest.raises(InvalidStatus) as info:
             await ws_events(ws_url)
         assert info.value.response.status_code == 429
+
+
+async def test_more_event_streams_than_a_default_redis_pool_all_follow(
+    redis_settings: Settings,
+) -> None:
+    """Every SSE follower waits on a Redis connection of its own: 120 at once (redis-py's
+    default pool holds 100; the 101st was a 503) all follow their task to its end."""
+    followers = 120
+    unpooled = httpx.Limits(max_connections=None, max_keepalive_connections=None)
+    async with (
+        LiveServer(redis_settings, workers=0) as live,
+        httpx.AsyncClient(base_url=live.url, limits=unpooled, timeout=30) as c,
+    ):
+        ids = [
+            (await c.post("/v1/tasks", json={"prompt": "x"})).json()["id"] for _ in range(followers)
+        ]
+        waiting = asyncio.Semaphore(0)
+
+        async def follow(task_id: str) -> tuple[int, Any]:
+            async with c.stream("GET", f"/v1/tasks/{task_id}/events") as r:
+                if r.status_code != 200:
+                    waiting.release()
+                    return r.status_code, await r.aread()
+                last: Any = None
+                async for item in sse_events(r):
+                    if not isinstance(item, str):
+                        if last is None:
+                            waiting.release()  # replayed "created": the stream now waits
+                        last = item
+                return r.status_code, last
+
+        runs = [asyncio.create_task(follow(i)) for i in ids]
+        for _ in ids:
+            await waiting.acquire()
+        await asyncio.sleep(0.5)  # every stream inside its blocking read
+        for task_id in ids:
+            assert (await c.delete(f"/v1/tasks/{task_id}")).status_code == 200
+        results = await asyncio.gather(*runs)
+    assert [status for status, _ in results] == [200] * followers
+    assert all(last[1:] == ("status", {"status": "cancelled"}) for _, last in results)

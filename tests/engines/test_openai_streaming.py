@@ -188,3 +188,22 @@ async def test_a_cancelled_row_abandons_its_stream(engine: OpenAIEngine) -> None
     row.cancel()
     result: SampleOutput = await asyncio.wait_for(call, 10)
     assert result.finish_reason == "cancelled"
+
+
+async def test_a_server_that_ignores_stream_answers_plain_json_and_the_row_still_ends(
+    model_engine: TransformersEngine,
+) -> None:
+    """Servers that do not stream answer ``stream: true`` with a plain completion: the row
+    gets that answer (its text reaches no listener; there is nothing to stream)."""
+    plain = CompatServer(model_engine)  # answers every request as plain JSON
+    with ThreadedServer(plain.app, lifespan="off", log_level="critical") as live:
+        client = make_engine(f"{live.url}/v1")
+        await client.start()
+        try:
+            pieces: list[str] = []
+            row = SampleRequest(prompt=CAPITAL, max_new_tokens=4, on_text=pieces.append)
+            output = await client.submit(row)
+        finally:
+            await client.close()
+    assert plain.bodies[-1]["stream"] is True
+    assert output.completion_tokens == 4 and output.text and pieces == []

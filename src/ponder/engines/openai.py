@@ -354,7 +354,8 @@ class OpenAIEngine(BaseEngine):
             self.requests_sent += 1
             try:
                 async with self._client.stream("POST", "/chat/completions", json=body) as response:
-                    if response.status_code == 200 and body.get("stream"):
+                    if response.status_code == 200 and _is_event_stream(response):
+                        # (a server that ignores ``stream`` answers plain JSON: read below)
                         return await self._read_stream(response, listeners)
                     await response.aread()
             except httpx.TimeoutException as e:
@@ -391,6 +392,11 @@ class OpenAIEngine(BaseEngine):
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             await asyncio.sleep(max(delay, min(retry_after, self._max_backoff_s)))
             attempt += 1
+
+
+def _is_event_stream(response: httpx.Response) -> bool:
+    content_type: str = response.headers.get("content-type", "")
+    return content_type.startswith("text/event-stream")
 
 
 @dataclass

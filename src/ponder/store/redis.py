@@ -444,6 +444,8 @@ class RedisStore(TaskStore):
             "decode_responses": True,
             "socket_connect_timeout": self._timeout,
             "retry": Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)),
+            # (redis-py's default of 100 would refuse the 101st SSE follower with a 503)
+            "max_connections": settings.redis_max_connections,
         }
         self._r = Redis.from_url(settings.redis_url, socket_timeout=self._timeout, **common)
         # Blocking reads (claim, read_events) wait longer than the socket timeout allows;
