@@ -291,7 +291,7 @@ async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", type=int, default=20, help="fast tasks timed (part 1)")
     parser.add_argument("--first-tokens", type=int, default=16, help="new tokens in part 1")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of each side (part 2)")
+    parser.add_argument("--rounds", type=int, default=8, help="rounds of each side (part 2)")
     parser.add_argument("--concurrent", type=int, default=8, help="tasks per round (part 2)")
     parser.add_argument("--new-tokens", type=int, default=96, help="new tokens in part 2")
     parser.add_argument("--model", default="smollm2-135m")
