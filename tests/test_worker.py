@@ -418,37 +418,31 @@ async def test_stop_ends_a_worker_whose_every_slot_runs_a_hanging_task(
     assert stored is not None and stored.attempts == 2
 
 
-async def test_entries_of_two_levels_with_one_id_both_run(redis_settings: Settings) -> None:
+@pytest.mark.parametrize("settings", ["redis"], indirect=True)  # levels are Redis streams
+async def test_entries_of_two_levels_with_one_id_both_run(make_harness: Callable[..., Any]) -> None:
     """Each priority level is a stream of its own, so entries added in the same
     millisecond to two levels have the same id: both run at once, neither waits a lease."""
     import redis.asyncio as aioredis
 
-    s = redis_settings.model_copy(update={"lease_s": 60.0})
-    store = create_store(s)
-    await store.start()
-    engine = RecordingEngine(s)
-    await engine.start()
-    r = aioredis.Redis.from_url(s.redis_url or "")
-    h = Harness(s, store, engine, engine)
+    h: Harness = await make_harness(lease_s=60.0)
+    r = aioredis.Redis.from_url(h.settings.redis_url or "")
     try:
         tasks: list[Task] = []
         for _ in range(50):  # until two levels hold one id (at most a few rounds)
             tasks += await asyncio.gather(
                 *(h.submit(f"[[answers: {p}]]", mode="fast", priority=p) for p in range(6))
             )
-            ids = [e[0] for p in range(6) for e in await r.xrange(f"{s.key_prefix}:q:{p}")]
+            queues = [f"{h.settings.key_prefix}:q:{p}" for p in range(6)]
+            ids = [entry[0] for q in queues for entry in await r.xrange(q)]
             if len(set(ids)) < len(ids):
                 break
         else:
             pytest.fail("no two levels got an entry with the same id")
-        h.start_worker()
-        for t in tasks:
-            assert (await h.wait(t.id, timeout_s=10)).status == TaskStatus.done
     finally:
-        await h.stop()
         await r.aclose()
-        await engine.close()
-        await store.close()
+    h.start_worker()
+    for t in tasks:
+        assert (await h.wait(t.id, timeout_s=10)).status == TaskStatus.done
 
 
 async def test_two_workers_share_the_queue(h: Harness) -> None:

@@ -402,33 +402,36 @@ async def test_more_event_streams_than_a_default_redis_pool_all_follow(
     """Every SSE follower waits on a Redis connection of its own: 120 at once (redis-py's
     default pool holds 100; the 101st was a 503) all follow their task to its end."""
     followers = 120
+    quick = redis_settings.model_copy(update={"events_keepalive_s": 0.2})
     unpooled = httpx.Limits(max_connections=None, max_keepalive_connections=None)
     async with (
-        LiveServer(redis_settings, workers=0) as live,
+        LiveServer(quick, workers=0) as live,
         httpx.AsyncClient(base_url=live.url, limits=unpooled, timeout=30) as c,
     ):
         ids = [
             (await c.post("/v1/tasks", json={"prompt": "x"})).json()["id"] for _ in range(followers)
         ]
-        waiting = asyncio.Semaphore(0)
 
-        async def follow(task_id: str) -> tuple[int, Any]:
-            async with c.stream("GET", f"/v1/tasks/{task_id}/events") as r:
-                if r.status_code != 200:
-                    waiting.release()
-                    return r.status_code, await r.aread()
-                last: Any = None
-                async for item in sse_events(r):
-                    if not isinstance(item, str):
-                        if last is None:
-                            waiting.release()  # replayed "created": the stream now waits
-                        last = item
-                return r.status_code, last
+        async def follow(task_id: str, waited_once: asyncio.Future[None]) -> tuple[int, Any]:
+            try:
+                async with c.stream("GET", f"/v1/tasks/{task_id}/events") as r:
+                    if r.status_code != 200:
+                        return r.status_code, await r.aread()
+                    last: Any = None
+                    async for item in sse_events(r):
+                        if item == ": keep-alive" and not waited_once.done():
+                            waited_once.set_result(None)  # a blocking read ran its course
+                        elif not isinstance(item, str):
+                            last = item
+                    return r.status_code, last
+            finally:
+                if not waited_once.done():
+                    waited_once.set_result(None)  # ended without waiting (the failure)
 
-        runs = [asyncio.create_task(follow(i)) for i in ids]
-        for _ in ids:
-            await waiting.acquire()
-        await asyncio.sleep(0.5)  # every stream inside its blocking read
+        loop = asyncio.get_running_loop()
+        waited = [loop.create_future() for _ in ids]
+        runs = [asyncio.create_task(follow(i, w)) for i, w in zip(ids, waited, strict=True)]
+        await asyncio.gather(*waited)  # every stream has been inside its blocking read
         for task_id in ids:
             assert (await c.delete(f"/v1/tasks/{task_id}")).status_code == 200
         results = await asyncio.gather(*runs)
