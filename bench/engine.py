@@ -2,24 +2,29 @@
 
 Run with ``make bench-engine`` (``.venv/bin/python bench/engine.py``) after ``make peers``.
 Writes ``bench/results/engine.md``, ``engine.png`` and ``engine.json`` (this run's figures;
-the next run prints them beside its own). ``--agreement`` instead checks what int8
-weights change in the answers and writes ``bench/results/engine-agreement-<style>.md``.
+the next run prints them beside its own). ``--agreement`` instead checks what each
+runner's weights change in the answers and writes
+``bench/results/engine-agreement-<style>.md``.
 
 For each model (SmolLM2-135M, Qwen2.5-Coder-0.5B), each engine runs in a process of its
 own (its peak RSS is that process's), at ``--threads`` threads (1: on a small shared
 machine two threads slow down many-fold whenever another process takes a core):
 
-- ``ponder``: the embedded default engine as ``make serve`` runs it
-  (``TransformersEngine``, continuous batching, the runner ``PONDER_MODEL_RUNNER=auto``
-  picks: the native one for these models, float32 weights); every row ``submit``-ted at
-  once;
-- ``ponder int8``: the same with ``PONDER_MODEL_WEIGHTS=int8`` (see ``--agreement``);
-- ``ponder-hf``: the same engine over the generic transformers runner (float32), i.e.
-  what the engine was before the native runner;
+- ``ponder``: the embedded default engine as ``make serve`` runs it once
+  ``make install-llama`` is done (``TransformersEngine``, continuous batching, the
+  runner ``PONDER_MODEL_RUNNER=auto`` picks: the llama.cpp one on float16 weights);
+  every row ``submit``-ted at once; its KV cache as large as the llama.cpp peer's
+  largest context;
+- ``ponder llama q4_0``: the same on Q4_0 weights (faster, changes answers: see
+  ``--agreement``), beside the peer on the same file;
+- ``ponder native``: the engine over ponder's own torch forward pass in float32 (the
+  default without the llama.cpp extra: no compile step);
+- ``ponder int8`` (native runner, int8 weights) and ``ponder-hf`` (transformers'
+  modelling code, what the engine was before the native runner);
 - ``llama.cpp``: llama-cpp-python's low-level batched API (``llama_batch`` +
   ``llama_decode``, one sequence id per row, rows leave as they end: continuous batching
   over a fixed set), on the packaged GGUF file and on the same weights requantized to
-  Q4_0 (the quantization with a repacked AVX2 fast path);
+  Q4_0, Q8_0 (the quantizations with a repacked AVX2 fast path) and F16;
 - ``ct2``: CTranslate2 int8, converted from ponder's float32 checkpoint;
   ``generate_batch`` runs each batch whole (static batching).
 
@@ -164,6 +169,8 @@ def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
         model=job["model"],
         model_runner=job["runner"],
         model_weights=job["weights"],
+        llama_weights=job.get("llama_weights", "q8_0"),
+        llama_kv_tokens=job["kv_tokens"],
         torch_threads=job["threads"],
         engine_max_rows=max(job["rows"] + [max(SAMPLES)]),
         engine_prefix_cache_mb=0,
@@ -235,7 +242,7 @@ def llama_worker(job: dict[str, Any]) -> dict[str, Any]:
         path = str(Path(job["workdir"]) / f"{Path(job['gguf']).stem}.{job['requantize']}.gguf")
         if not Path(path).is_file():
             params = lc.llama_model_quantize_default_params()
-            params.ftype = {"Q4_0": 2, "Q8_0": 7}[job["requantize"]]
+            params.ftype = {"Q4_0": 2, "Q8_0": 7, "F16": 1}[job["requantize"]]
             params.allow_requantize = True
             params.nthread = job["threads"]
             rc = lc.llama_model_quantize(job["gguf"].encode(), path.encode(), ctypes.byref(params))
@@ -426,12 +433,29 @@ def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
     packaged_quant = Path(gguf).stem.split(".")[-1] if "." in Path(gguf).stem else "Q4_K_M"
     return [
         ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
-        ("ponder int8", "ponder", {"runner": "auto", "weights": "int8", "shared": True}),
+        (
+            "ponder llama q4_0",
+            "ponder",
+            {"runner": "llama", "weights": "float32", "llama_weights": "q4_0", "shared": False},
+        ),
+        ("ponder native", "ponder", {"runner": "native", "weights": "float32", "shared": False}),
+        ("ponder int8", "ponder", {"runner": "native", "weights": "int8", "shared": False}),
         ("ponder-hf", "ponder", {"runner": "hf", "weights": "float32", "shared": False}),
         (f"llama.cpp {packaged_quant}", "llama", {}),
         ("llama.cpp Q4_0", "llama", {"requantize": "Q4_0"}),
+        ("llama.cpp Q8_0", "llama", {"requantize": "Q8_0"}),
+        ("llama.cpp F16", "llama", {"requantize": "F16"}),
         ("ct2 int8", "ct2", {}),
     ]
+
+
+def kv_tokens(data: dict[str, Any], args: argparse.Namespace) -> int:
+    """The KV positions of the llama.cpp peer's largest context: ponder's llama runner gets
+    as many (llama.cpp allocates its KV cache whole, so it counts in the peak RSS)."""
+    most = max(args.rows)
+    rows = sum(len(p) for p in data["prompts"][:most]) + most * args.new_tokens
+    shared = len(data["long_prompt"]) + max(SAMPLES) * args.new_tokens
+    return max(rows, shared, sum(len(p) for p in data["prompts"])) + 64
 
 
 def main_run(args: argparse.Namespace) -> None:
@@ -469,6 +493,7 @@ def main_run(args: argparse.Namespace) -> None:
                     "workdir": str(workdir),
                     **{k: data[k] for k in ("checkpoint", "gguf", "long_prompt")},
                     "prompts": data["prompts"],
+                    "kv_tokens": kv_tokens(data, args),
                     **extra,
                 }
                 figures[model][label] = run_worker(python, job, args.timeout_s)
@@ -581,7 +606,7 @@ def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list
     """The issue's goals as ratios, where both sides of a ratio were measured."""
     ok = {k: v for k, v in engines.items() if "error" not in v}
     lines = []
-    for name in ("ponder", "ponder int8"):
+    for name in ("ponder", "ponder llama q4_0", "ponder native"):
         if name in ok:
             lines += _goals_of(name, ok[name], ok)
     return lines
@@ -660,23 +685,35 @@ def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
 
 
 def run_agreement(args: argparse.Namespace) -> None:
-    """Greedy answers of the native runner (float32, int8) against the transformers model.
+    """Greedy answers of each runner and weights against the transformers model's.
 
     ``--problems`` problems from reasoning-gym (seed 11), each model's greedy output
     through the engine (``hf``: float32, the reference; the native runner in float32 and
-    in int8), answers extracted with ``ponder.enhance.extract_answer(text, "math")``: the
-    rate at which each agrees with the reference, and each one's accuracy under the
-    dataset's own scorer. ``--style short``:
-    half ``basic_arithmetic``, half ``chain_sum``, the number alone asked for;
+    in int8; where installed, the llama.cpp runner in q8_0, q4_0 and f16), answers extracted
+    with ``ponder.enhance.extract_answer(text, "math")``: the rate at which each agrees
+    with the reference, and each one's accuracy under the dataset's own scorer.
+    ``--style short``: half ``basic_arithmetic``, half ``chain_sum``, the number alone asked for;
     ``--style reasoning``: half ``basic_arithmetic``, half ``gsm_symbolic``, step by step.
     """
     import reasoning_gym
 
     from ponder.config import load_settings
     from ponder.engines.base import SampleRequest
+    from ponder.engines.llamacpp import available
     from ponder.engines.transformers import TransformersEngine
     from ponder.enhance import extract_answer, same_answer
 
+    # the first leg is the reference: the transformers model in float32
+    legs: dict[str, dict[str, str]] = {
+        "hf float32": {"model_runner": "hf", "model_weights": "float32"},
+        "native float32": {"model_runner": "native", "model_weights": "float32"},
+        "native int8": {"model_runner": "native", "model_weights": "int8"},
+    }
+    if available():
+        for weights in ("q8_0", "q4_0", "f16"):
+            legs[f"llama {weights}"] = {"model_runner": "llama", "llama_weights": weights}
+    if args.legs:
+        legs = {k: v for k, v in legs.items() if k == "hf float32" or k in args.legs}
     half = args.problems // 2
     second, ask = {
         "short": ("chain_sum", "Reply with the number only."),
@@ -700,16 +737,15 @@ def run_agreement(args: argparse.Namespace) -> None:
              f"{len(entries)} problems: {half} reasoning-gym basic_arithmetic and "
              f"{len(entries) - half} {second} (seed 11), each followed by \"{ask}\"; greedy, "
              f"at most {args.new_tokens} new tokens; answers extracted by ponder (math).", "",
-             "| model | native float32 agreeing | native int8 agreeing "
-             "| accuracy: hf float32 | native float32 | native int8 |",
-             "|---|---:|---:|---:|---:|---:|"]  # fmt: skip
-    legs = (("hf", "float32"), ("native", "float32"), ("native", "int8"))
+             "| model | " + " | ".join(f"{leg} agreeing" for leg in list(legs)[1:])
+             + " | accuracy: " + " | ".join(legs) + " |",
+             "|---|" + "---:|" * (2 * len(legs) - 1)]  # fmt: skip
     for model in args.models:
-        answers: dict[tuple[str, str], list[str | None]] = {}
-        for runner, weights in legs:
-            settings = load_settings(engine="transformers", model=model, model_runner=runner,
-                                     model_weights=weights, torch_threads=args.threads,
-                                     engine_max_rows=16, engine_prefix_cache_mb=0)  # fmt: skip
+        answers: dict[str, list[str | None]] = {}
+        for leg, overrides in legs.items():
+            settings = load_settings(engine="transformers", model=model,
+                                     torch_threads=args.threads, engine_max_rows=16,
+                                     engine_prefix_cache_mb=0, **overrides)  # fmt: skip
             engine = TransformersEngine(settings)
             loop = asyncio.new_event_loop()
             requests = [SampleRequest(prompt=p, max_new_tokens=args.new_tokens) for p in prompts]
@@ -722,8 +758,8 @@ def run_agreement(args: argparse.Namespace) -> None:
             outputs = loop.run_until_complete(answer_all())
             loop.run_until_complete(engine.close())
             loop.close()
-            answers[runner, weights] = [extract_answer(o.text, "math") for o in outputs]
-            log(f"{model} {runner} {weights}: done")
+            answers[leg] = [extract_answer(o.text, "math") for o in outputs]
+            log(f"{model} {leg}: done")
 
         def agreeing(found: list[str | None], reference: list[str | None]) -> str:
             n = sum(
@@ -739,10 +775,11 @@ def run_agreement(args: argparse.Namespace) -> None:
             )
             return f"{n}/{len(entries)}"
 
-        reference = answers[legs[0]]
+        reference = answers["hf float32"]
         lines.append(
-            f"| {MODELS[model]} | {agreeing(answers[legs[1]], reference)} "
-            f"| {agreeing(answers[legs[2]], reference)} | "
+            f"| {MODELS[model]} | "
+            + " | ".join(agreeing(answers[leg], reference) for leg in list(legs)[1:])
+            + " | "
             + " | ".join(accuracy(answers[leg]) for leg in legs)
             + " |"
         )
@@ -770,6 +807,7 @@ def main() -> None:
         help="check int8 against float32 answers instead (see run_agreement)",
     )
     parser.add_argument("--problems", type=int, default=50, help="--agreement: problems")
+    parser.add_argument("--legs", nargs="+", help="--agreement: these legs only (and hf float32)")
     parser.add_argument("--style", choices=("short", "reasoning"), default="short",
                         help="--agreement: the kind of problems (see run_agreement)")  # fmt: skip
     args = parser.parse_args()

@@ -278,11 +278,24 @@ class Settings(BaseSettings):
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
-    model_runner: Literal["auto", "native", "hf"] = Field(
+    model_runner: Literal["auto", "llama", "native", "hf"] = Field(
         default="auto",
-        description="transformers engine's forward pass: native (ponder's own, Llama and "
-        "Qwen2 models), hf (transformers' modelling code, any causal LM); auto: native "
-        "where it applies, else hf",
+        description="transformers engine's forward pass: llama (llama.cpp, GGUF models; "
+        "the extra of `make install-llama`), native (ponder's own, Llama and Qwen2 "
+        "models), hf (transformers' modelling code, any causal LM); auto: llama where "
+        "installed and the model is GGUF, else native where it applies, else hf",
+    )
+    llama_weights: Literal["f16", "q8_0", "q4_0", "gguf"] = Field(
+        default="f16",
+        description="llama runner's weights: the GGUF file requantized once (cached) to "
+        "f16 (greedy answers as float32's), q8_0 or q4_0 (faster, but llama.cpp quantizes "
+        "activations too and small models' answers change), or gguf: the file as it is",
+    )
+    llama_kv_tokens: int = Field(
+        default=0,
+        ge=0,
+        description="llama runner's KV cache, in positions over all rows (allocated at "
+        "start); 0: 1024 per row of engine_max_rows",
     )
     model_weights: Literal["float32", "int8"] = Field(
         default="float32",

@@ -53,3 +53,22 @@ def model_engine() -> Iterator[TransformersEngine]:
     _run(engine.start())
     yield engine
     _run(engine.close())
+
+
+@pytest.fixture(scope="session")
+def invariant_engine(model_engine: TransformersEngine) -> Iterator[TransformersEngine]:
+    """An engine whose rows give the same text alone and in any batch: the default one,
+    unless that runs on a runner that does not promise it (llama.cpp, where installed);
+    then the same engine over the native runner."""
+    from ponder.engines.transformers import TransformersEngine
+
+    if model_engine.batch_invariant:
+        yield model_engine
+        return
+    engine = TransformersEngine(
+        load_settings(engine="transformers", torch_threads=1, model_runner="native")
+    )
+    _run(engine.start())
+    assert engine.batch_invariant
+    yield engine
+    _run(engine.close())

@@ -44,13 +44,14 @@ def sampled(prompt: str, seed: int, top_p: float = 1.0) -> SampleRequest:
 
 
 def same(a: SampleOutput, b: SampleOutput) -> None:
-    """Equal text, token counts and finish reason; log-probabilities up to float noise."""
+    """Equal text, token counts and finish reason; log-probabilities up to float noise
+    (the llama.cpp runner's float16 weights and KV: ~1e-3; float32 runners: ~1e-6)."""
     assert (a.text, a.completion_tokens, a.finish_reason) == (
         b.text,
         b.completion_tokens,
         b.finish_reason,
     )
-    assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=1e-4)
+    assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=2e-3)
 
 
 async def test_greedy_rows_in_a_batch_equal_rows_alone(model_engine: TransformersEngine) -> None:
@@ -66,11 +67,11 @@ async def test_greedy_rows_in_a_batch_equal_rows_alone(model_engine: Transformer
 
 
 async def test_a_seed_gives_the_same_text_whatever_the_batch(
-    model_engine: TransformersEngine,
+    invariant_engine: TransformersEngine,
 ) -> None:
-    first = await run(model_engine, sampled(HAIKU, 7), sampled(CAPITAL, 8, top_p=0.9))
+    first = await run(invariant_engine, sampled(HAIKU, 7), sampled(CAPITAL, 8, top_p=0.9))
     second = await run(
-        model_engine,
+        invariant_engine,
         greedy(STORY, 4),
         sampled(CAPITAL, 8, top_p=0.9),
         sampled(STORY, 3, top_p=0.5),
@@ -171,41 +172,41 @@ async def test_finished_rows_leave_the_batch(model_engine: TransformersEngine) -
     assert model_engine.stats.rows_stepped - before == 8
 
 
-async def test_rows_sharing_a_prompt_prefill_it_once(model_engine: TransformersEngine) -> None:
+async def test_rows_sharing_a_prompt_prefill_it_once(invariant_engine: TransformersEngine) -> None:
     haiku, capital = f"{HAIKU} ({uuid.uuid4().hex})", f"{CAPITAL} ({uuid.uuid4().hex})"
     rows = [greedy(haiku, 8), sampled(haiku, 1), sampled(haiku, 2, top_p=0.8), greedy(capital, 8)]
-    lengths = [model_engine.prompt_length(r) for r in (rows[0], rows[3])]
-    before = copy.copy(model_engine.stats)
-    shared = await run(model_engine, *rows)
-    assert model_engine.stats.prefill_tokens - before.prefill_tokens == sum(lengths)
-    assert model_engine.stats.prefix_hits - before.prefix_hits == 2  # two rows shared haiku
+    lengths = [invariant_engine.prompt_length(r) for r in (rows[0], rows[3])]
+    before = copy.copy(invariant_engine.stats)
+    shared = await run(invariant_engine, *rows)
+    assert invariant_engine.stats.prefill_tokens - before.prefill_tokens == sum(lengths)
+    assert invariant_engine.stats.prefix_hits - before.prefix_hits == 2  # two rows shared haiku
     # a later wave of the same prompt is not prefilled again (the prompt-KV cache)
-    before = copy.copy(model_engine.stats)
-    again = [(await run(model_engine, r))[0] for r in rows]
-    assert model_engine.stats.prefill_tokens == before.prefill_tokens
-    assert model_engine.stats.prefix_hits - before.prefix_hits == 4
+    before = copy.copy(invariant_engine.stats)
+    again = [(await run(invariant_engine, r))[0] for r in rows]
+    assert invariant_engine.stats.prefill_tokens == before.prefill_tokens
+    assert invariant_engine.stats.prefix_hits - before.prefix_hits == 4
     for a, b in zip(shared, again, strict=True):
         same(a, b)
 
 
 async def test_a_row_s_text_is_the_same_alone_in_a_static_batch_and_joining_mid_run(
-    model_engine: TransformersEngine,
+    invariant_engine: TransformersEngine,
 ) -> None:
-    alone = (await run(model_engine, greedy(CAPITAL, 16)))[0]
-    seeded_alone = (await run(model_engine, sampled(HAIKU, 11)))[0]
-    static = await run(model_engine, greedy(HAIKU, 16), greedy(CAPITAL, 16), greedy("Hi", 16))
+    alone = (await run(invariant_engine, greedy(CAPITAL, 16)))[0]
+    seeded_alone = (await run(invariant_engine, sampled(HAIKU, 11)))[0]
+    static = await run(invariant_engine, greedy(HAIKU, 16), greedy(CAPITAL, 16), greedy("Hi", 16))
     streaming = asyncio.Event()
     long = asyncio.create_task(
-        model_engine.submit(
+        invariant_engine.submit(
             SampleRequest(prompt=STORY, max_new_tokens=80, on_text=lambda _: streaming.set())
         )
     )
     await asyncio.wait_for(streaming.wait(), 30)  # the long row is running
-    joined_before = model_engine.stats.joined_running
+    joined_before = invariant_engine.stats.joined_running
     joining, seeded_joining = await asyncio.gather(
-        model_engine.submit(greedy(CAPITAL, 16)), model_engine.submit(sampled(HAIKU, 11))
+        invariant_engine.submit(greedy(CAPITAL, 16)), invariant_engine.submit(sampled(HAIKU, 11))
     )
-    assert model_engine.stats.joined_running > joined_before
+    assert invariant_engine.stats.joined_running > joined_before
     assert not long.done()  # the short rows ended while the long one ran on
     same(alone, static[1])
     same(alone, joining)

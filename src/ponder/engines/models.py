@@ -34,6 +34,7 @@ __all__ = [
     "assemble_gguf",
     "checkpoint_dir",
     "load_model",
+    "load_tokenizer",
 ]
 
 Progress = Callable[[str], None]
@@ -223,6 +224,21 @@ def _convert(gguf: Path, out: Path) -> None:
         del model.config.quantization_config
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
+
+
+def load_tokenizer(checkpoint: Path) -> tuple[Any, frozenset[int]]:
+    """The tokenizer of ``checkpoint`` and the token ids that end a row.
+
+    The end ids are the tokenizer's end of sequence and the generation config's.
+    """
+    from transformers import AutoTokenizer, GenerationConfig
+
+    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+    eos: set[int | None] = {tokenizer.eos_token_id}
+    if (checkpoint / "generation_config.json").is_file():
+        ids = GenerationConfig.from_pretrained(checkpoint, local_files_only=True).eos_token_id
+        eos.update(ids if isinstance(ids, list) else [ids])
+    return tokenizer, frozenset(i for i in eos if i is not None)
 
 
 def load_model(

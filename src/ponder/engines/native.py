@@ -77,12 +77,18 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from ponder.config import Settings
-from ponder.engines.models import Progress, _as_config_error, _to_stderr, checkpoint_dir
+from ponder.engines.models import (
+    Progress,
+    _as_config_error,
+    _to_stderr,
+    checkpoint_dir,
+    load_tokenizer,
+)
 from ponder.engines.runner import ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
 
 try:
-    from transformers import AutoTokenizer, GenerationConfig
+    from transformers import AutoTokenizer
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ConfigError(
         "the native runner needs the model extra: pip install -e '.[model]' (or `make install`)"
@@ -696,13 +702,9 @@ class NativeRunner(ModelRunner):
         """The runner for ``settings.model`` = ``spec``, preparing its weights on first use."""
         entry = prepared_weights(spec, cache_dir, weights, progress)
         with _as_config_error(f"cannot load the model {spec!r} from {entry}"):
-            tokenizer = AutoTokenizer.from_pretrained(entry, local_files_only=True)
+            tokenizer, eos_ids = load_tokenizer(entry)
             model = _open_model(entry, weights)
-            eos: set[int | None] = {tokenizer.eos_token_id}
-            if (entry / "generation_config.json").is_file():
-                ids = GenerationConfig.from_pretrained(entry, local_files_only=True).eos_token_id
-                eos.update(ids if isinstance(ids, list) else [ids])
-        return cls(model, tokenizer, frozenset(i for i in eos if i is not None))
+        return cls(model, tokenizer, eos_ids)
 
     @property
     def rows(self) -> int:

@@ -18,7 +18,8 @@ cache and position. Rows are addressed by their index in that list.
   the logits of the token after it come back, one row per running row, in order.
 
 A row's logits must not depend on its batch mates beyond floating-point noise: the
-scheduler's greedy and seeded rows give the same text alone and in any batch.
+scheduler's greedy and seeded rows give the same text alone and in any batch. A runner
+that cannot promise it at float32 precision says so (``batch_invariant = False``).
 """
 
 from __future__ import annotations
@@ -67,6 +68,9 @@ class ModelRunner(ABC):
     eos_ids: frozenset[int]
     #: the longest sequence (prompt + completion) the model takes
     context_length: int
+    #: whether a row's logits equal its logits alone up to float32 rounding, whatever its
+    #: batch mates (then greedy and seeded rows give the same text in any batch)
+    batch_invariant: bool = True
 
     @property
     @abstractmethod
@@ -88,6 +92,9 @@ class ModelRunner(ABC):
     @abstractmethod
     def keep(self, rows: Sequence[int]) -> None:
         """Keep only ``rows`` (strictly increasing indices) of the running batch, in order."""
+
+    def close(self) -> None:  # noqa: B027 - most runners hold nothing to free early
+        """Free what the runner holds (a native library's memory) now; it is not used again."""
 
     @abstractmethod
     def decode(self, tokens: Sequence[int]) -> torch.Tensor:

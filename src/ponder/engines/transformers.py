@@ -43,6 +43,7 @@ from ponder.errors import ConfigError, EngineError
 try:
     import torch
 
+    from ponder.engines.llamacpp import select_llama_runner
     from ponder.engines.native import select_runner
     from ponder.engines.runner import HFRunner, ModelRunner, Prefill, Prefix
 except ImportError as e:  # pragma: no cover - depends on the installation
@@ -123,7 +124,9 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         # torch's intra-op thread count is a per-thread setting: set it where the work runs
         if self._settings.torch_threads > 0:
             torch.set_num_threads(self._settings.torch_threads)
-        runner: ModelRunner | None = select_runner(self._settings)
+        runner: ModelRunner | None = select_llama_runner(self._settings) or select_runner(
+            self._settings
+        )
         if runner is None:
             model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
             runner = HFRunner(model, tokenizer)
@@ -132,6 +135,8 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         self._runner = runner
 
     def _teardown(self) -> None:
+        if self._runner is not None:
+            self._runner.close()
         self._runner = None
         self._tokenizer = None
         self._prefixes.clear()
@@ -139,6 +144,11 @@ class TransformersEngine(ContinuousEngine["_Row"]):
 
     def _context(self) -> contextlib.AbstractContextManager[Any]:
         return torch.inference_mode()
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a row's text is the same alone and in any batch (see ModelRunner)."""
+        return self._runner is None or self._runner.batch_invariant
 
     def prompt_length(self, request: SampleRequest) -> int:
         """The templated prompt's length in tokens (characters before the model is loaded)."""

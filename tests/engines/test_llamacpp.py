@@ -1,0 +1,183 @@
+"""The llama.cpp runner on the real SmolLM2-135M model (needs `make install-llama`)."""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import torch
+
+from ponder.config import load_settings
+from ponder.engines.llamacpp import (
+    KVCacheFull,
+    LlamaCppRunner,
+    gguf_weights,
+    select_llama_runner,
+)
+from ponder.engines.runner import Prefill
+from ponder.errors import ConfigError
+
+pytest.importorskip("llama_cpp", reason="the llama.cpp extra is not installed (make install-llama)")
+
+pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
+
+MODEL = "smollm2-135m"
+#: how far float16 weights, activations and KV let two orders of the same sums drift
+#: (logits are ~[-20, 30]; one greedy flip needs a near tie)
+F16_NOISE = 0.15
+PROMPTS = [
+    "What is the capital of France?",
+    "Write a haiku about the sea.",
+    "Hi",
+    "List three prime numbers.",
+]
+
+
+@pytest.fixture(scope="module")
+def runner() -> Iterator[LlamaCppRunner]:
+    runner = LlamaCppRunner.load(load_settings(model=MODEL, torch_threads=1, llama_kv_tokens=4096))
+    yield runner
+    runner.close()
+
+
+def chat(runner: LlamaCppRunner, prompt: str) -> list[int]:
+    text = runner.tokenizer.apply_chat_template(
+        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+    )
+    ids: list[int] = runner.tokenizer(text, add_special_tokens=False)["input_ids"]
+    return ids
+
+
+def greedy(
+    runner: LlamaCppRunner,
+    prompts: list[list[int]],
+    steps: int,
+    leave: dict[int, int] | None = None,
+) -> list[list[int]]:
+    """Greedy tokens of each prompt, all rows in one batch (``leave``: step -> row that leaves)."""
+    runner.keep([])
+    prefixes = runner.prefill([Prefill(p) for p in prompts])
+    for prefix in prefixes:
+        runner.join(prefix)
+    tokens = [[int(p.logits.argmax())] for p in prefixes]
+    running = list(range(len(prompts)))
+    for step in range(steps):
+        out = runner.decode([tokens[i][-1] for i in running])
+        assert out.shape == (len(running), out.shape[1]) and out.dtype == torch.float32
+        for i, row_logits in zip(running, out, strict=True):
+            tokens[i].append(int(row_logits.argmax()))
+        if leave and step in leave:
+            gone = running.index(leave[step])
+            runner.keep([k for k in range(len(running)) if k != gone])
+            running.pop(gone)
+    runner.keep([])
+    return tokens
+
+
+def test_greedy_rows_are_the_same_alone_and_in_any_batch(runner: LlamaCppRunner) -> None:
+    prompts = [chat(runner, p) for p in PROMPTS]
+    alone = [greedy(runner, [p], steps=10)[0] for p in prompts]
+    together = greedy(runner, prompts, steps=10, leave={3: 0, 6: 2})
+    reversed_batch = greedy(runner, prompts[::-1], steps=10)
+    for i, tokens in enumerate(alone):
+        cut = {0: 5, 2: 8}.get(i, 11)
+        assert together[i] == tokens[:cut]
+        assert reversed_batch[len(prompts) - 1 - i] == tokens
+    # the answer to the first prompt names the capital
+    assert "Paris" in runner.tokenizer.decode(alone[0])
+
+
+def test_a_prefix_is_shared_by_rows_and_left_unchanged(runner: LlamaCppRunner) -> None:
+    ids = chat(runner, PROMPTS[0])
+    prefix = runner.prefill([Prefill(ids)])[0]
+    runner.join(prefix)
+    runner.join(prefix)
+    first = runner.decode([5, 5])
+    assert torch.allclose(first[0], first[1], atol=1e-4)
+    runner.decode([6, 7])
+    runner.keep([1])
+    assert runner.rows == 1
+    runner.keep([])
+    # the rows' tokens went into their own sequences: the prefix still ends where it did
+    again = runner.prefill([Prefill([5], prefix)])[0]
+    assert again.length == prefix.length + 1
+    # a prefill pass and a decode step round through float16 differently
+    assert float((again.logits - first[0]).abs().max()) < F16_NOISE
+    with pytest.raises(ValueError, match="context"):
+        runner.prefill([Prefill([1] * (runner.context_length + 1))])
+    runner.join(prefix)
+    with pytest.raises(ValueError, match="2 tokens for 1 running rows"):
+        runner.decode([1, 2])
+    runner.keep([])
+
+
+def test_a_prompt_prefilled_in_chunks_matches_one_pass(runner: LlamaCppRunner) -> None:
+    text = " ".join(f"Item {i}: a line of text about the number {i}." for i in range(60))
+    ids = runner.tokenizer(text)["input_ids"]
+    assert len(ids) > 600  # more than one llama_decode call of the runner
+    whole = runner.prefill([Prefill(ids)])[0]
+    for size in (37, 256):
+        prefix = None
+        for start in range(0, len(ids), size):
+            prefix = runner.prefill([Prefill(ids[start : start + size], prefix)])[0]
+        assert prefix is not None and prefix.length == len(ids)
+        assert int(prefix.logits.argmax()) == int(whole.logits.argmax())
+        assert float((prefix.logits - whole.logits).abs().max()) < 2 * F16_NOISE
+
+
+def test_sequences_are_released_with_their_prefixes(runner: LlamaCppRunner) -> None:
+    runner.keep([])
+    gc.collect()
+    runner.decode([])  # collects what was released
+    free = len(runner._free)
+    prefixes = runner.prefill([Prefill(chat(runner, p)) for p in PROMPTS])
+    runner.join(prefixes[0])
+    assert len(runner._free) == free - len(PROMPTS) - 1
+    del prefixes
+    runner.keep([0])  # the row keeps its own sequence
+    runner.decode([1])
+    assert len(runner._free) == free - 1
+    runner.keep([])
+    assert len(runner._free) == free
+
+
+def test_a_full_kv_cache_fails_the_batch_and_the_runner_goes_on(runner: LlamaCppRunner) -> None:
+    runner.keep([])
+    long = [7] * 1000
+    held = []
+    with pytest.raises(KVCacheFull, match="PONDER_LLAMA_KV_TOKENS"):
+        for _ in range(8):  # 4,096 positions hold four of these
+            held.append(runner.prefill([Prefill(long)])[0])
+    assert len(held) == 4
+    del held
+    ids = chat(runner, PROMPTS[0])
+    assert "Paris" in runner.tokenizer.decode(greedy(runner, [ids], steps=10)[0])
+
+
+def test_requantized_weights_are_made_once(tmp_path: Path) -> None:
+    first = gguf_weights(MODEL, tmp_path, "q4_0", progress=lambda _: None)
+    made = first.stat().st_mtime_ns
+    assert first.parent == tmp_path and first.name.endswith(".q4_0.gguf")
+    again = gguf_weights(MODEL, tmp_path, "q4_0", progress=lambda _: None)
+    assert again == first and again.stat().st_mtime_ns == made
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no leftovers
+    # a single-file packaged model is read where it lies
+    assert gguf_weights(MODEL, tmp_path, "gguf").suffix == ".gguf"
+
+
+def test_the_settings_choose_the_llama_runner(tmp_path: Path) -> None:
+    assert select_llama_runner(load_settings(model_runner="native")) is None
+    assert select_llama_runner(load_settings(model_runner="hf")) is None
+    # auto leaves the native runner's int8 weights and checkpoint directories to torch
+    assert select_llama_runner(load_settings(model_weights="int8")) is None
+    (tmp_path / "config.json").write_text("{}")
+    assert select_llama_runner(load_settings(model=str(tmp_path))) is None
+    with pytest.raises(ConfigError, match="PONDER_LLAMA_WEIGHTS"):
+        select_llama_runner(load_settings(model_runner="llama", model_weights="int8"))
+    with pytest.raises(ConfigError, match="checkpoint directory"):
+        select_llama_runner(load_settings(model_runner="llama", model=str(tmp_path)))
+    chosen = select_llama_runner(load_settings(llama_kv_tokens=256))
+    assert isinstance(chosen, LlamaCppRunner) and chosen.kv_tokens == 256
+    chosen.close()
