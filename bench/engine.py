@@ -476,7 +476,9 @@ def main_run(args: argparse.Namespace) -> None:
             figures[model] = {"prompt_tokens": [len(p) for p in data["prompts"]],
                               "long_prompt_tokens": len(data["long_prompt"])}  # fmt: skip
             for label, worker, extra in engines_for(model, data["gguf"]):
-                if args.only and not any(label.startswith(o) for o in args.only):
+                if args.only and not any(
+                    label == o or (o.endswith("*") and label.startswith(o[:-1])) for o in args.only
+                ):
                     continue
                 python = Path(sys.executable) if worker == "ponder" else PEERS_PYTHON
                 if not python.is_file():
@@ -625,10 +627,10 @@ def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str
         if "1" in ponder["rows"] and "1" in llama["rows"]:
             ratio = _rate(ponder["rows"]["1"]) / _rate(llama["rows"]["1"])
             lines.append(f"| 1 row >= 1.0 x {label} | {ratio:.2f} x | {verdict(ratio, 1.0)} |")
-        for name in ("long", "short"):
-            ratio = _rate(ponder[f"prefill_{name}"]) / _rate(llama[f"prefill_{name}"])
+        for kind in ("long", "short"):
+            ratio = _rate(ponder[f"prefill_{kind}"]) / _rate(llama[f"prefill_{kind}"])
             lines.append(
-                f"| prefill ({name}) >= 1.0 x {label} | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
+                f"| prefill ({kind}) >= 1.0 x {label} | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
             )
         ratio = ponder["peak_rss_gb"] / llama["peak_rss_gb"]
         lines.append(
@@ -798,7 +800,9 @@ def main() -> None:
     parser.add_argument("--new-tokens", type=int, default=64)
     parser.add_argument("--repeats", type=int, default=2, help="runs per cell (best kept)")
     parser.add_argument("--threads", type=int, default=1, help="threads of every engine")
-    parser.add_argument("--only", nargs="+", help="engines whose label starts so (smoke runs)")
+    parser.add_argument(
+        "--only", nargs="+", help="these engines only (labels; a trailing * matches a prefix)"
+    )
     parser.add_argument("--workdir", help="keep converted peer models here between runs")
     parser.add_argument("--timeout-s", type=float, default=1800, help="per engine and model")
     parser.add_argument(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import gc
 from collections.abc import Iterator
 from pathlib import Path
@@ -181,3 +182,27 @@ def test_the_settings_choose_the_llama_runner(tmp_path: Path) -> None:
     chosen = select_llama_runner(load_settings(llama_kv_tokens=256))
     assert isinstance(chosen, LlamaCppRunner) and chosen.kv_tokens == 256
     chosen.close()
+
+
+async def test_the_prompt_cache_never_takes_the_sequences_rows_need() -> None:
+    """2 rows at once leave room for 2 cached prompts: 40 distinct prompts all run."""
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.transformers import TransformersEngine
+
+    engine = TransformersEngine(
+        load_settings(model_runner="llama", engine_max_rows=2, torch_threads=1)
+    )
+    await engine.start()
+    try:
+        runner = engine._runner
+        assert isinstance(runner, LlamaCppRunner) and runner.max_prefixes == 2
+        requests = [
+            SampleRequest(prompt=f"Say the number {i}.", max_new_tokens=2) for i in range(40)
+        ]
+        outputs = await asyncio.gather(*(engine.submit(r) for r in requests))
+        assert all(o.completion_tokens >= 1 for o in outputs)
+        assert len(engine._prefixes._entries) <= 2
+    finally:
+        await engine.close()
+    with pytest.raises(ConfigError, match="PONDER_ENGINE_MAX_ROWS"):
+        LlamaCppRunner.load(load_settings(engine_max_rows=240, llama_kv_tokens=256))

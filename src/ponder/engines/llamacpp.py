@@ -29,8 +29,10 @@ beside the converted checkpoint: ``f16`` by default, whose greedy answers are th
 the float32 model (48 of 50 on SmolLM2, ``bench/results/engine-agreement-short.md``);
 ``q8_0`` and ``q4_0`` are faster, but llama.cpp multiplies them with activations
 quantized to 8 bits, which changes a small model's answers (26 and 8 of 50); ``gguf``:
-the file as packaged. The tokenizer and chat template stay those of the transformers
-checkpoint that the other runners use, so every runner sees the same token ids.
+the file as packaged. The tokenizer and chat template are those of the checkpoint that
+the other runners use, read without transformers
+(:class:`~ponder.engines.tokenizer.ChatTokenizer`, ~100 MB less resident memory), so
+every runner sees the same token ids.
 
 The KV cache holds ``PONDER_LLAMA_KV_TOKENS`` positions over all sequences (0: 1,024 per
 row of ``PONDER_ENGINE_MAX_ROWS``); llama.cpp allocates it whole at start. A prefill or
@@ -73,8 +75,12 @@ _KV_PER_ROW = 1024
 #: tokens per llama_decode call (llama.cpp splits a bigger batch itself, but logits of
 #: earlier calls must be read before the next one)
 _BATCH = 512
-#: llama.cpp's sequence ids are below this (LLAMA_MAX_SEQ)
-_MAX_SEQS = 256
+#: llama.cpp's sequence ids are below LLAMA_MAX_SEQ (256); a context reserves logits for
+#: as many outputs as it has sequences (n_vocab floats each), so it gets what it needs: its
+#: rows, this many for the step's new prefixes and chunked prefills, and as many cached
+#: prefixes as rows
+_LLAMA_MAX_SEQ = 256
+_STEP_SEQS = 32
 
 _init_lock = threading.Lock()
 _initialized = False
@@ -221,7 +227,13 @@ class LlamaCppRunner(ModelRunner):
         *,
         threads: int,
         kv_tokens: int,
+        max_rows: int,
     ) -> None:
+        if max_rows + _STEP_SEQS > _LLAMA_MAX_SEQ:
+            raise ConfigError(
+                f"the llama.cpp runner runs at most {_LLAMA_MAX_SEQ - _STEP_SEQS} rows at once: "
+                "lower PONDER_ENGINE_MAX_ROWS"
+            )
         lc = self._lc = _lib()
         self.tokenizer = tokenizer
         self.eos_ids = eos_ids
@@ -232,7 +244,8 @@ class LlamaCppRunner(ModelRunner):
         params = lc.llama_context_default_params()
         params.n_ctx = kv_tokens
         params.n_batch = params.n_ubatch = _BATCH
-        params.n_seq_max = _MAX_SEQS
+        seqs = min(_LLAMA_MAX_SEQ, 2 * max_rows + _STEP_SEQS)
+        params.n_seq_max = seqs
         params.kv_unified = True
         params.no_perf = True
         if threads > 0:
@@ -250,7 +263,9 @@ class LlamaCppRunner(ModelRunner):
         self._vocab = lc.llama_vocab_n_tokens(lc.llama_model_get_vocab(model))
         self.context_length = min(int(lc.llama_model_n_ctx_train(model)), kv_tokens)
         self.kv_tokens = kv_tokens
-        self._free = list(range(_MAX_SEQS - 1, -1, -1))
+        self.max_prefixes = max(0, seqs - max_rows - _STEP_SEQS)
+        self._seqs = seqs
+        self._free = list(range(seqs - 1, -1, -1))
         #: sequence ids whose prefix was collected: removed at the next call
         self._released: list[int] = []
         #: the running batch: (sequence id, next position) per row
@@ -265,10 +280,17 @@ class LlamaCppRunner(ModelRunner):
         weights: LlamaWeights = settings.llama_weights
         path = gguf_weights(settings.model, settings.model_cache_dir, weights, progress)
         tokenizer, eos_ids = load_tokenizer(
-            checkpoint_dir(settings.model, settings.model_cache_dir, progress)
+            checkpoint_dir(settings.model, settings.model_cache_dir, progress), light=True
         )
         kv_tokens = settings.llama_kv_tokens or _KV_PER_ROW * settings.engine_max_rows
-        return cls(path, tokenizer, eos_ids, threads=settings.torch_threads, kv_tokens=kv_tokens)
+        return cls(
+            path,
+            tokenizer,
+            eos_ids,
+            threads=settings.torch_threads,
+            kv_tokens=kv_tokens,
+            max_rows=settings.engine_max_rows,
+        )
 
     def close(self) -> None:
         """Free the model and its context now (else when the runner is collected)."""
@@ -283,7 +305,7 @@ class LlamaCppRunner(ModelRunner):
     def _take(self) -> int:
         self._collect()
         if not self._free:
-            raise KVCacheFull(f"all {_MAX_SEQS} llama.cpp sequences are in use")
+            raise KVCacheFull(f"all {self._seqs} llama.cpp sequences are in use")
         return self._free.pop()
 
     def _drop_seq(self, seq: int) -> None:

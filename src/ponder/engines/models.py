@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import sys
 import tempfile
 import time
@@ -226,19 +227,28 @@ def _convert(gguf: Path, out: Path) -> None:
     tokenizer.save_pretrained(out)
 
 
-def load_tokenizer(checkpoint: Path) -> tuple[Any, frozenset[int]]:
+def load_tokenizer(checkpoint: Path, *, light: bool = False) -> tuple[Any, frozenset[int]]:
     """The tokenizer of ``checkpoint`` and the token ids that end a row.
 
-    The end ids are the tokenizer's end of sequence and the generation config's.
+    ``light``: a :class:`~ponder.engines.tokenizer.ChatTokenizer` (no transformers import)
+    instead of transformers' ``AutoTokenizer``. The end ids are the tokenizer's end of
+    sequence and the generation config's.
     """
-    from transformers import AutoTokenizer, GenerationConfig
+    tokenizer: Any
+    if light:
+        from ponder.engines.tokenizer import ChatTokenizer
 
-    tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
+        tokenizer = ChatTokenizer(checkpoint)
+    else:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(checkpoint, local_files_only=True)
     eos: set[int | None] = {tokenizer.eos_token_id}
-    if (checkpoint / "generation_config.json").is_file():
-        ids = GenerationConfig.from_pretrained(checkpoint, local_files_only=True).eos_token_id
+    generation = checkpoint / "generation_config.json"
+    if generation.is_file():
+        ids = json.loads(generation.read_text()).get("eos_token_id")
         eos.update(ids if isinstance(ids, list) else [ids])
-    return tokenizer, frozenset(i for i in eos if i is not None)
+    return tokenizer, frozenset(i for i in eos if isinstance(i, int))
 
 
 def load_model(

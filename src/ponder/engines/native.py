@@ -87,13 +87,6 @@ from ponder.engines.models import (
 from ponder.engines.runner import ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
 
-try:
-    from transformers import AutoTokenizer
-except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ConfigError(
-        "the native runner needs the model extra: pip install -e '.[model]' (or `make install`)"
-    ) from e
-
 __all__ = [
     "ARCHITECTURES",
     "NativeRunner",
@@ -364,6 +357,8 @@ def prepared_weights(
             del tensors["head"]
             tensors["head_gain"] = gain
         if weights == "int8":
+            from transformers import AutoTokenizer
+
             tokenizer = AutoTokenizer.from_pretrained(source, local_files_only=True)
             _smooth(tensors, config, tokenizer)
             for key in [k for k in tensors if not k.endswith(("_bias", ".smooth"))]:

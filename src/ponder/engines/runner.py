@@ -71,6 +71,9 @@ class ModelRunner(ABC):
     #: whether a row's logits equal its logits alone up to float32 rounding, whatever its
     #: batch mates (then greedy and seeded rows give the same text in any batch)
     batch_invariant: bool = True
+    #: how many prefixes the engine may keep cached besides the running rows and the step's
+    #: own (None: bounded by its memory budget alone)
+    max_prefixes: int | None = None
 
     @property
     @abstractmethod

@@ -130,6 +130,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         if runner is None:
             model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
             runner = HFRunner(model, tokenizer)
+        self._prefixes.max_entries = runner.max_prefixes
         self._length_tokenizer = copy.deepcopy(runner.tokenizer)
         self._tokenizer = runner.tokenizer
         self._runner = runner
@@ -256,16 +257,24 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         if group[0].resuming:  # its next token is known: join as it was
             for row in group:
                 row.resuming = False
-                self._runner.join(prefix)
-                ready.append(row)
+                self._join(row, prefix, ready)
             return
         logits = prefix.logits[None, :].expand(len(group), -1)
         tokens, logprobs = _sample(logits, group)
         for row, token, logprob in zip(group, tokens, logprobs, strict=True):
             self._append(row, token, logprob)
             if row.finish is None:
-                self._runner.join(prefix)
-                ready.append(row)
+                self._join(row, prefix, ready)
+
+    def _join(self, row: _Row, prefix: Prefix, ready: list[_Row]) -> None:
+        """``row`` joins the batch from ``prefix``; it fails when the runner has no room."""
+        assert self._runner is not None
+        try:
+            self._runner.join(prefix)
+        except Exception as e:  # e.g. the llama.cpp runner out of sequences
+            self._fail([row], EngineError(f"cannot start the row: {type(e).__name__}: {e}"))
+            return
+        ready.append(row)
 
     def _step(self, rows: list[_Row]) -> None:
         assert self._runner is not None
@@ -381,10 +390,12 @@ def _stop_position(text: str, stops: list[str]) -> int | None:
 
 
 class _PrefixCache:
-    """Prompt KV caches by prompt, least recently used evicted first, bounded in bytes."""
+    """Prompt KV caches by prompt, least recently used evicted first, bounded in bytes
+    and, where the runner holds few prefixes (``max_entries``), in count."""
 
     def __init__(self, max_bytes: int) -> None:
         self.max_bytes = max_bytes
+        self.max_entries: int | None = None
         self._entries: OrderedDict[tuple[int, ...], Prefix] = OrderedDict()
         self._bytes = 0
 
@@ -397,9 +408,15 @@ class _PrefixCache:
     def put(self, key: tuple[int, ...], prefix: Prefix) -> None:
         if prefix.nbytes > self.max_bytes or key in self._entries:
             return
-        while self._entries and self._bytes + prefix.nbytes > self.max_bytes:
+        full = self.max_entries
+        while self._entries and (
+            self._bytes + prefix.nbytes > self.max_bytes
+            or (full is not None and len(self._entries) >= full)
+        ):
             _, old = self._entries.popitem(last=False)
             self._bytes -= old.nbytes
+        if full == 0:
+            return
         self._entries[key] = prefix
         self._bytes += prefix.nbytes
 
