@@ -57,6 +57,8 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -459,22 +461,30 @@ def kv_tokens(data: dict[str, Any], args: argparse.Namespace) -> int:
 
 
 def main_run(args: argparse.Namespace) -> None:
-    started = time.monotonic()
-    load_before = os.getloadavg()
-    previous_path = RESULTS / "engine.json"
-    previous = json.loads(previous_path.read_text()) if previous_path.is_file() else ISSUE_FIGURES
-    figures: dict[str, Any] = {
-        "source": f"bench/engine.py run of {dt.date.today().isoformat()}",
-        "command": " ".join([".venv/bin/python bench/engine.py", *sys.argv[1:]])
-        + ("" if sys.argv[1:] else " (= make bench-engine)"),
-    }
+    """Run the engines on each of ``args.models``; write the report of every model measured.
+
+    Each model's figures are one run of their own (its ratios never mix runs); with
+    ``--merge`` the other models' figures of ``engine.json`` are kept beside them, else
+    ``engine.json`` becomes the previous figures shown in brackets.
+    """
+    path = RESULTS / "engine.json"
+    stored: dict[str, Any] | None = json.loads(path.read_text()) if path.is_file() else None
+    if args.merge and stored is not None:
+        figures = stored
+    else:
+        previous = dict(stored or ISSUE_FIGURES)
+        previous.pop("previous", None)
+        figures = {"previous": previous}
+    command = " ".join([".venv/bin/python bench/engine.py", *sys.argv[1:]]) + (
+        "" if sys.argv[1:] else " (= make bench-engine)"
+    )
     with tempfile.TemporaryDirectory(prefix="ponder-bench-engine-") as tmp:
         workdir = Path(args.workdir or tmp)
         for model in args.models:
             log(f"{model} ...")
+            started, load_before = time.monotonic(), os.getloadavg()[0]
             data = prepare(model, workdir)
-            figures[model] = {"prompt_tokens": [len(p) for p in data["prompts"]],
-                              "long_prompt_tokens": len(data["long_prompt"])}  # fmt: skip
+            measured: dict[str, Any] = {}
             for label, worker, extra in engines_for(model, data["gguf"]):
                 if args.only and not any(
                     label == o or (o.endswith("*") and label.startswith(o[:-1])) for o in args.only
@@ -482,7 +492,7 @@ def main_run(args: argparse.Namespace) -> None:
                     continue
                 python = Path(sys.executable) if worker == "ponder" else PEERS_PYTHON
                 if not python.is_file():
-                    figures[model][label] = {"error": f"{python} is missing: run `make peers`"}
+                    measured[label] = {"error": f"{python} is missing: run `make peers`"}
                     continue
                 job = {
                     "worker": worker,
@@ -498,17 +508,31 @@ def main_run(args: argparse.Namespace) -> None:
                     "kv_tokens": kv_tokens(data, args),
                     **extra,
                 }
-                figures[model][label] = run_worker(python, job, args.timeout_s)
-                if "error" in figures[model][label]:
-                    log(f"  {label}: {figures[model][label]['error']}")
-    figures["elapsed_min"] = (time.monotonic() - started) / 60
-    figures["load"] = [load_before[0], os.getloadavg()[0]]
-    figures["machine"] = machine(args)
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    text = report(args, figures, previous)
-    (RESULTS / "engine.md").write_text(text)
-    previous_path.write_text(json.dumps(figures, indent=1) + "\n")
-    log(plot(args, figures))
+                measured[label] = run_worker(python, job, args.timeout_s)
+                if "error" in measured[label]:
+                    log(f"  {label}: {measured[label]['error']}")
+            figures[model] = {
+                "run": {
+                    "command": command,
+                    "date": dt.date.today().isoformat(),
+                    "minutes": (time.monotonic() - started) / 60,
+                    "load": [load_before, os.getloadavg()[0]],
+                    "machine": machine(args),
+                    "rows": list(args.rows),
+                    "new_tokens": args.new_tokens,
+                    "repeats": args.repeats,
+                    "kv_tokens": kv_tokens(data, args),
+                },
+                "prompt_tokens": [len(p) for p in data["prompts"]],
+                "long_prompt_tokens": len(data["long_prompt"]),
+                "engines": measured,
+            }
+            # written after each model: an interrupted run keeps the models it finished
+            RESULTS.mkdir(parents=True, exist_ok=True)
+            text = report(figures)
+            (RESULTS / "engine.md").write_text(text)
+            path.write_text(json.dumps(figures, indent=1) + "\n")
+            log(plot(figures))
     print(text)
 
 
@@ -531,52 +555,56 @@ def _rate(cell: dict[str, Any]) -> float:
     return float(cell["tokens"] / cell["seconds"])
 
 
-def report(args: argparse.Namespace, figures: dict[str, Any], previous: dict[str, Any]) -> str:
+def report(figures: dict[str, Any]) -> str:
+    previous = figures["previous"]
     lines = [
         "# Engine benchmark: ponder's embedded engine against llama.cpp and CTranslate2",
         "",
-        f"Command: `{figures['command']}` ({dt.date.today().isoformat()}), one run, "
-        f"{figures['elapsed_min']:.1f} min. 1-minute load average {figures['load'][0]:.2f} "
-        f"at the start, {figures['load'][1]:.2f} at the end.",
-        "",
-        f"Machine: {figures['machine']}.",
-        "",
-        f"Greedy, at most {args.new_tokens} new tokens per row, a distinct prompt per row, "
-        f"the same token ids for every engine; best of {args.repeats} runs per cell. "
-        "Completion tokens/s include prefill. Engines: see the docstring of bench/engine.py. "
-        f"Previous figures ({previous.get('source', '?')}) in brackets.",
+        "Greedy, a distinct prompt per row, the same token ids for every engine; each cell "
+        "the best of the run's repeats. Completion tokens/s include prefill. Engines: see "
+        f"the docstring of bench/engine.py. Previous figures ({previous.get('source', '?')}) "
+        "in brackets. Each model's figures come from one run, stated in its section.",
         "",
     ]
-    for model in args.models:
-        data = figures.get(model, {})
-        engines = {k: v for k, v in data.items() if isinstance(v, dict)}
-        if not engines:
+    for model in MODELS:
+        data = figures.get(model)
+        if not data:
             continue
+        run, engines = data["run"], data["engines"]
         prompt_tokens = data["prompt_tokens"]
         lines += [
             f"## {MODELS[model]}",
+            "",
+            f"Command: `{run['command']}` ({run['date']}), {run['minutes']:.1f} min; "
+            f"1-minute load average {run['load'][0]:.2f} at the start, {run['load'][1]:.2f} at "
+            f"the end. At most {run['new_tokens']} new tokens per row; best of "
+            f"{run['repeats']} runs per cell; ponder's llama.cpp KV cache {run['kv_tokens']} "
+            "positions (the peer's largest context).",
+            "",
+            f"Machine: {run['machine']}.",
             "",
             f"Prompts: {min(prompt_tokens)}-{max(prompt_tokens)} tokens; the long prompt "
             f"{data['long_prompt_tokens']} tokens.",
             "",
             "### Throughput (completion tokens/s) and memory",
             "",
-            "| engine | " + " | ".join(f"{r} rows" for r in args.rows) + " | peak RSS GB |",
-            "|---|" + "---:|" * (len(args.rows) + 1),
+            "| engine | " + " | ".join(f"{r} rows" for r in run["rows"]) + " | peak RSS GB |",
+            "|---|" + "---:|" * (len(run["rows"]) + 1),
         ]
         before = previous.get(model, {})
+        before = before.get("engines", before)
         for label, cell in engines.items():
             if "error" in cell:
                 lines.append(f"| {label} | {cell['error']} |")
                 continue
             old = before.get(label, {})
             cells = []
-            for i, rows in enumerate(args.rows):
+            for rows in run["rows"]:
                 measured = cell["rows"].get(str(rows))
                 text = f"{_rate(measured):.1f}" if measured else "-"
-                if measured and measured["tokens"] != rows * args.new_tokens:
+                if measured and measured["tokens"] != rows * run["new_tokens"]:
                     text += f" ({measured['tokens']} tok)"
-                old_rate = _old_rate(old, i, rows)
+                old_rate = _old_rate(old, rows)
                 cells.append(text + (f" [{old_rate:.1f}]" if old_rate else ""))
             rss = f"{cell['peak_rss_gb']:.2f}"
             if old.get("rss_gb") or old.get("peak_rss_gb"):
@@ -590,21 +618,20 @@ def report(args: argparse.Namespace, figures: dict[str, Any], previous: dict[str
                     f"| {label} | {_rate(cell['prefill_long']):.0f} "
                     f"| {_rate(cell['prefill_short']):.0f} |"
                 )
-        lines += goals(args, model, engines)
+        lines += goals(engines)
     return "\n".join(lines) + "\n"
 
 
-def _old_rate(old: dict[str, Any], index: int, rows: int) -> float | None:
+def _old_rate(old: dict[str, Any], rows: int) -> float | None:
     if "rows" in old:
         cell = old["rows"].get(str(rows))
         return _rate(cell) if cell else None
     rates = old.get("rate", [])
-    if index < len(rates) and ROWS[index] == rows:
-        return float(rates[index])
-    return None
+    index = ROWS.index(rows) if rows in ROWS else len(rates)
+    return float(rates[index]) if index < len(rates) else None
 
 
-def goals(args: argparse.Namespace, model: str, engines: dict[str, Any]) -> list[str]:
+def goals(engines: dict[str, Any]) -> list[str]:
     """The issue's goals as ratios, where both sides of a ratio were measured."""
     ok = {k: v for k, v in engines.items() if "error" not in v}
     lines = []
@@ -660,7 +687,7 @@ def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str
     return lines
 
 
-def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
+def plot(figures: dict[str, Any]) -> str:
     try:
         import matplotlib
 
@@ -668,42 +695,119 @@ def plot(args: argparse.Namespace, figures: dict[str, Any]) -> str:
         import matplotlib.pyplot as plt
     except ImportError:
         return "matplotlib is not installed: no plot"
-    models = [m for m in args.models if m in figures]
+    models = [m for m in MODELS if m in figures]
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.2), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
-        for label, cell in figures[model].items():
-            if not isinstance(cell, dict) or "rows" not in cell:
+        run = figures[model]["run"]
+        for label, cell in figures[model]["engines"].items():
+            if "rows" not in cell:
                 continue
-            rows = [r for r in args.rows if str(r) in cell["rows"]]
+            rows = [r for r in run["rows"] if str(r) in cell["rows"]]
             rates = [_rate(cell["rows"][str(r)]) for r in rows]
             ax.plot(rows, rates, marker="o", label=label)
         ax.set(xscale="log", xlabel="rows at once", ylabel="completion tokens/s",
                title=MODELS[model])  # fmt: skip
-        ax.set_xticks(list(args.rows), [str(r) for r in args.rows])
+        ax.set_xticks(list(run["rows"]), [str(r) for r in run["rows"]])
         ax.legend(fontsize="small")
     fig.tight_layout()
     fig.savefig(RESULTS / "engine.png", dpi=110)
     return "plot: bench/results/engine.png"
 
 
+@dataclass(frozen=True)
+class _Problem:
+    """One problem of ``--agreement``: what to ask, and how to read and score the answer."""
+
+    #: SampleRequest fields: ``prompt`` or ``messages``
+    ask: dict[str, Any]
+    task_type: str
+    question: str
+    correct: Callable[[str | None], bool]
+
+
+def agreement_problems(args: argparse.Namespace) -> tuple[list[_Problem], str]:
+    """``--style``'s problems and the report's sentence about them."""
+    if args.style == "quality":
+        sys.path.insert(0, str(ROOT / "bench"))
+        from ponder.api.schemas import TaskCreate
+        from ponder.api.tasks import build_task
+        from ponder.config import load_settings
+        from ponder.enhance.strategy import create_strategy
+        from quality_collect import DATASETS, SEED, Scorer
+
+        settings = load_settings()
+        size = max(1, args.problems // len(DATASETS))
+        scorer = Scorer(DATASETS, size, SEED)
+        problems = []
+        for i, p in enumerate(scorer.problems()):
+            request = TaskCreate(prompt=p.question, mode="standard", task_type=p.task_type)
+            strategy = create_strategy(
+                build_task(request, settings, task_id=f"agreement-{i}", owner="bench"), settings
+            )
+            problems.append(
+                _Problem(
+                    {"messages": strategy.messages(strategy.plan()[0])},
+                    p.task_type,
+                    p.question,
+                    lambda answer, p=p: scorer.score(p.dataset, p.index, answer) == 1.0,
+                )
+            )
+        return problems, (
+            f"{len(problems)} problems of the quality benchmark ({size} of each of "
+            f"{', '.join(DATASETS)}, seed {SEED}), each asked as a standard task asks its "
+            "greedy sample 0 (the strategy's instruction, then the question); answers "
+            "extracted and scored as the quality benchmark does"
+        )
+    import reasoning_gym
+
+    half = args.problems // 2
+    second, ask = {
+        "short": ("chain_sum", "Reply with the number only."),
+        "reasoning": (
+            "gsm_symbolic",
+            "Solve it step by step, then give the final answer on its own line as "
+            "'Answer: <number>'.",
+        ),
+    }[args.style]
+    problems = []
+    for name, size in (("basic_arithmetic", half), (second, args.problems - half)):
+        dataset = reasoning_gym.create_dataset(name, size=size, seed=11)
+        for entry in dataset:
+            problems.append(
+                _Problem(
+                    {"prompt": f"{entry['question']}\n{ask}"},
+                    "math",
+                    entry["question"],
+                    lambda answer, d=dataset, e=entry: (
+                        answer is not None and d.score_answer(answer, e) == 1.0
+                    ),
+                )
+            )
+    return problems, (
+        f"{len(problems)} problems: {half} reasoning-gym basic_arithmetic and "
+        f'{len(problems) - half} {second} (seed 11), each followed by "{ask}"; answers '
+        "extracted by ponder (math)"
+    )
+
+
 def run_agreement(args: argparse.Namespace) -> None:
     """Greedy answers of each runner and weights against the transformers model's.
 
-    ``--problems`` problems from reasoning-gym (seed 11), each model's greedy output
-    through the engine (``hf``: float32, the reference; the native runner in float32 and
-    in int8; where installed, the llama.cpp runner in q8_0, q4_0 and f16), answers extracted
-    with ``ponder.enhance.extract_answer(text, "math")``: the rate at which each agrees
-    with the reference, and each one's accuracy under the dataset's own scorer.
-    ``--style short``: half ``basic_arithmetic``, half ``chain_sum``, the number alone asked for;
-    ``--style reasoning``: half ``basic_arithmetic``, half ``gsm_symbolic``, step by step.
+    ``--problems`` problems, each model's greedy output through the engine (``hf``:
+    float32, the reference; the native runner in float32 and in int8; where installed,
+    the llama.cpp runner in q8_0, q4_0 and f16), answers extracted by ponder: the rate at
+    which each agrees with the reference, and each one's accuracy under the dataset's own
+    scorer. ``--style short``: half reasoning-gym ``basic_arithmetic``, half
+    ``chain_sum``, the number alone asked for; ``--style reasoning``: half
+    ``basic_arithmetic``, half ``gsm_symbolic``, step by step; ``--style quality``: the
+    quality benchmark's problems as its greedy sample asks them, at its token limits
+    (``bench/quality.py``'s ``MAX_NEW_TOKENS``): its greedy accuracy per runner.
     """
-    import reasoning_gym
-
     from ponder.config import load_settings
     from ponder.engines.base import SampleRequest
     from ponder.engines.llamacpp import available
     from ponder.engines.transformers import TransformersEngine
-    from ponder.enhance import extract_answer, same_answer
+    from ponder.enhance.answers import answer_type, same_answer
 
     # the first leg is the reference: the transformers model in float32
     legs: dict[str, dict[str, str]] = {
@@ -716,29 +820,23 @@ def run_agreement(args: argparse.Namespace) -> None:
             legs[f"llama {weights}"] = {"model_runner": "llama", "llama_weights": weights}
     if args.legs:
         legs = {k: v for k, v in legs.items() if k == "hf float32" or k in args.legs}
-    half = args.problems // 2
-    second, ask = {
-        "short": ("chain_sum", "Reply with the number only."),
-        "reasoning": (
-            "gsm_symbolic",
-            "Solve it step by step, then give the final answer on its own line as "
-            "'Answer: <number>'.",
-        ),
-    }[args.style]
-    entries = [
-        (name, entry)
-        for name, size in (("basic_arithmetic", half), (second, args.problems - half))
-        for entry in reasoning_gym.create_dataset(name, size=size, seed=11)
-    ]
-    datasets = {name: reasoning_gym.create_dataset(name, size=1, seed=11) for name, _ in entries}
-    prompts = [f"{entry['question']}\n{ask}" for _, entry in entries]
+    problems, described = agreement_problems(args)
+    if args.style == "quality":
+        from quality import MAX_NEW_TOKENS
+
+        tokens = {m: MAX_NEW_TOKENS.get(m, 256) for m in args.models}
+    else:
+        tokens = {m: args.new_tokens for m in args.models}
+    n = len(problems)
     lines = [f"## {args.style} answers", "",
              f"Command: `.venv/bin/python bench/engine.py --agreement --style {args.style} "
              f"--models {' '.join(args.models)} --problems {args.problems} --new-tokens "
-             f"{args.new_tokens}` ({dt.date.today().isoformat()}).", "",
-             f"{len(entries)} problems: {half} reasoning-gym basic_arithmetic and "
-             f"{len(entries) - half} {second} (seed 11), each followed by \"{ask}\"; greedy, "
-             f"at most {args.new_tokens} new tokens; answers extracted by ponder (math).", "",
+             f"{args.new_tokens}" + (f" --legs {' '.join(repr(x) for x in args.legs)}"
+                                     if args.legs else "")
+             + f"` ({dt.date.today().isoformat()}, 1-minute load average "
+             f"{os.getloadavg()[0]:.2f} at the start).", "",
+             f"{described}; greedy, at most "
+             + ", ".join(f"{tokens[m]} new tokens ({m})" for m in args.models) + ".", "",
              "| model | " + " | ".join(f"{leg} agreeing" for leg in list(legs)[1:])
              + " | accuracy: " + " | ".join(legs) + " |",
              "|---|" + "---:|" * (2 * len(legs) - 1)]  # fmt: skip
@@ -750,7 +848,7 @@ def run_agreement(args: argparse.Namespace) -> None:
                                      engine_prefix_cache_mb=0, **overrides)  # fmt: skip
             engine = TransformersEngine(settings)
             loop = asyncio.new_event_loop()
-            requests = [SampleRequest(prompt=p, max_new_tokens=args.new_tokens) for p in prompts]
+            requests = [SampleRequest(**p.ask, max_new_tokens=tokens[model]) for p in problems]
 
             async def answer_all(
                 e: TransformersEngine = engine, rs: list[SampleRequest] = requests
@@ -760,22 +858,23 @@ def run_agreement(args: argparse.Namespace) -> None:
             outputs = loop.run_until_complete(answer_all())
             loop.run_until_complete(engine.close())
             loop.close()
-            answers[leg] = [extract_answer(o.text, "math") for o in outputs]
+            found: list[str | None] = []
+            for p, o in zip(problems, outputs, strict=True):
+                kind = answer_type(p.task_type)
+                found.append(kind.extract(o.text, kind.question(p.question)) if o.text else None)
+            answers[leg] = found
             log(f"{model} {leg}: done")
 
         def agreeing(found: list[str | None], reference: list[str | None]) -> str:
-            n = sum(
-                a == b or (a is not None and b is not None and same_answer(a, b, "math"))
-                for a, b in zip(found, reference, strict=True)
+            same = sum(
+                a == b or (a is not None and b is not None and same_answer(a, b, p.task_type))
+                for a, b, p in zip(found, reference, problems, strict=True)
             )
-            return f"{n}/{len(entries)} = {n / len(entries):.0%}"
+            return f"{same}/{n} = {same / n:.0%}"
 
         def accuracy(found: list[str | None]) -> str:
-            n = sum(
-                a is not None and datasets[name].score_answer(a, entry) == 1.0
-                for a, (name, entry) in zip(found, entries, strict=True)
-            )
-            return f"{n}/{len(entries)}"
+            right = sum(p.correct(a) for a, p in zip(found, problems, strict=True))
+            return f"{right}/{n} = {right / n:.1%}"
 
         reference = answers["hf float32"]
         lines.append(
@@ -806,13 +905,18 @@ def main() -> None:
     parser.add_argument("--workdir", help="keep converted peer models here between runs")
     parser.add_argument("--timeout-s", type=float, default=1800, help="per engine and model")
     parser.add_argument(
+        "--merge",
+        action="store_true",
+        help="keep the other models' figures of engine.json (each model is one run)",
+    )
+    parser.add_argument(
         "--agreement",
         action="store_true",
         help="check int8 against float32 answers instead (see run_agreement)",
     )
     parser.add_argument("--problems", type=int, default=50, help="--agreement: problems")
     parser.add_argument("--legs", nargs="+", help="--agreement: these legs only (and hf float32)")
-    parser.add_argument("--style", choices=("short", "reasoning"), default="short",
+    parser.add_argument("--style", choices=("short", "reasoning", "quality"), default="short",
                         help="--agreement: the kind of problems (see run_agreement)")  # fmt: skip
     args = parser.parse_args()
     if args.worker:
