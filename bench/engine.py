@@ -52,7 +52,8 @@ import datetime as dt
 import json
 import os
 import platform
-import resource
+import re
+import shlex
 import subprocess
 import sys
 import tempfile
@@ -135,7 +136,14 @@ def log(message: str) -> None:
 
 
 def peak_rss_gb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
+    """This process's peak resident memory since it started (VmHWM).
+
+    Not ``getrusage``'s ``ru_maxrss``: Linux carries the forked parent's high-water mark
+    across ``exec`` into it, so a worker started by a big orchestrator reported the
+    orchestrator's peak (every Qwen engine showed 3.76 GB, the checkpoint conversion's).
+    """
+    status = Path("/proc/self/status").read_text()
+    return int(status.split("VmHWM:")[1].split()[0]) / 2**20
 
 
 def rss_gb() -> float:
@@ -432,7 +440,10 @@ def prepare(model: str, workdir: Path) -> dict[str, Any]:
 
 def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
     """(label, worker, extra job fields) of every engine measured on ``model``."""
-    packaged_quant = Path(gguf).stem.split(".")[-1] if "." in Path(gguf).stem else "Q4_K_M"
+    # the packaged file's quantization is the last part of its name (SmolLM2's:
+    # "...Instruct.Q4_1"); Qwen's parts are assembled into "<model>.gguf", a Q4_K_M file
+    last = Path(gguf).stem.split(".")[-1]
+    packaged_quant = last if re.fullmatch(r"I?Q\d\w*|F16|BF16|F32", last) else "Q4_K_M"
     return [
         ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
         (
@@ -475,7 +486,7 @@ def main_run(args: argparse.Namespace) -> None:
         previous = dict(stored or ISSUE_FIGURES)
         previous.pop("previous", None)
         figures = {"previous": previous}
-    command = " ".join([".venv/bin/python bench/engine.py", *sys.argv[1:]]) + (
+    command = shlex.join([".venv/bin/python", "bench/engine.py", *sys.argv[1:]]) + (
         "" if sys.argv[1:] else " (= make bench-engine)"
     )
     with tempfile.TemporaryDirectory(prefix="ponder-bench-engine-") as tmp:
@@ -892,6 +903,7 @@ def run_agreement(args: argparse.Namespace) -> None:
 
 
 def main() -> None:
+    global RESULTS
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--worker", choices=sorted(WORKERS), help=argparse.SUPPRESS)
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
@@ -918,7 +930,9 @@ def main() -> None:
     parser.add_argument("--legs", nargs="+", help="--agreement: these legs only (and hf float32)")
     parser.add_argument("--style", choices=("short", "reasoning", "quality"), default="short",
                         help="--agreement: the kind of problems (see run_agreement)")  # fmt: skip
+    parser.add_argument("--results", type=Path, default=RESULTS, help="where reports go")
     args = parser.parse_args()
+    RESULTS = args.results
     if args.worker:
         job = json.loads(sys.stdin.read())
         print(json.dumps(WORKERS[args.worker](job)))

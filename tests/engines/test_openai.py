@@ -178,7 +178,8 @@ async def test_greedy_answers_match_the_local_engine(
             b.finish_reason,
         )
         assert a.prompt_tokens == b.prompt_tokens
-        assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=1e-4)  # float noise
+        # float noise: the llama.cpp runner rounds through float16 (~1e-3), torch ~1e-6
+        assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=2e-3)
     assert remote[1].finish_reason == "length"
     assert "Paris" not in remote[2].text
 

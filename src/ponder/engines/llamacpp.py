@@ -26,9 +26,9 @@ context with a **unified** KV cache):
 
 The weights: the GGUF file requantized once to ``PONDER_LLAMA_WEIGHTS`` and cached
 beside the converted checkpoint: ``f16`` by default, whose greedy answers are those of
-the float32 model (48 of 50 on SmolLM2, ``bench/results/engine-agreement-short.md``);
+the float32 model (47 of 50 on SmolLM2, ``bench/results/engine-agreement-short.md``);
 ``q8_0`` and ``q4_0`` are faster, but llama.cpp multiplies them with activations
-quantized to 8 bits, which changes a small model's answers (26 and 8 of 50); ``gguf``:
+quantized to 8 bits, which changes a small model's answers (28 and 10 of 50); ``gguf``:
 the file as packaged. The tokenizer and chat template are those of the checkpoint that
 the other runners use, read without transformers
 (:class:`~ponder.engines.tokenizer.ChatTokenizer`, ~100 MB less resident memory), so
@@ -106,7 +106,9 @@ def _lib() -> Any:
         ) from e
     with _init_lock:
         if not _initialized:
-            llama_cpp.llama_log_set(_QUIET, None)
+            # the callback must outlive every llama.cpp call: kept at module level
+            _QUIET.append(llama_cpp.llama_log_callback(_quiet))
+            llama_cpp.llama_log_set(_QUIET[0], None)
             llama_cpp.llama_backend_init()
             _initialized = True
     return llama_cpp
@@ -116,11 +118,7 @@ def _quiet(level: int, text: bytes, user_data: Any) -> None:
     """llama.cpp's log callback: silent (its load messages are many lines per start)."""
 
 
-_QUIET: Any = None
-if available():  # the callback must outlive every llama.cpp call: keep it at module level
-    import llama_cpp as _llama_cpp
-
-    _QUIET = _llama_cpp.llama_log_callback(_quiet)
+_QUIET: list[Any] = []
 
 
 def gguf_weights(

@@ -50,7 +50,7 @@ one byte per parameter.
 ``weights="fp32"`` (the engine's default, ``PONDER_MODEL_WEIGHTS=float32``) runs the same
 forward pass with float32 weights: its greedy tokens equal those of the transformers
 model (the tests check it). int8 changes small models' greedy answers (on SmolLM2-135M,
-36 % of 50 short answers agree with float32: ``bench/results/engine-agreement-short.md``),
+34 % of 50 short answers agree with float32: ``bench/results/engine-agreement-short.md``),
 which is why it is not the default.
 """
 
