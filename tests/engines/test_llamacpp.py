@@ -19,6 +19,7 @@ from ponder.engines.llamacpp import (
 )
 from ponder.engines.runner import Prefill
 from ponder.errors import ConfigError
+from tests.engines import prompts
 
 pytest.importorskip("llama_cpp", reason="the llama.cpp extra is not installed (make install-llama)")
 
@@ -44,11 +45,7 @@ def runner() -> Iterator[LlamaCppRunner]:
 
 
 def chat(runner: LlamaCppRunner, prompt: str) -> list[int]:
-    text = runner.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    ids: list[int] = runner.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids
+    return prompts.chat(runner.tokenizer, prompt)
 
 
 def greedy(
@@ -106,12 +103,7 @@ def test_a_prefix_is_shared_by_rows_and_left_unchanged(runner: LlamaCppRunner) -
     assert again.length == prefix.length + 1
     # a prefill pass and a decode step round through float16 differently
     assert float((again.logits - first[0]).abs().max()) < F16_NOISE
-    with pytest.raises(ValueError, match="context"):
-        runner.prefill([Prefill([1] * (runner.context_length + 1))])
-    runner.join(prefix)
-    with pytest.raises(ValueError, match="2 tokens for 1 running rows"):
-        runner.decode([1, 2])
-    runner.keep([])
+    prompts.check_bounds(runner, prefix)
 
 
 def test_a_prompt_prefilled_in_chunks_matches_one_pass(runner: LlamaCppRunner) -> None:
@@ -179,7 +171,7 @@ def test_the_settings_choose_the_llama_runner(tmp_path: Path) -> None:
         select_llama_runner(load_settings(model_runner="llama", model_weights="int8"))
     with pytest.raises(ConfigError, match="checkpoint directory"):
         select_llama_runner(load_settings(model_runner="llama", model=str(tmp_path)))
-    chosen = select_llama_runner(load_settings(llama_kv_tokens=256))
+    chosen = select_llama_runner(load_settings(model_runner="auto", llama_kv_tokens=256))
     assert isinstance(chosen, LlamaCppRunner) and chosen.kv_tokens == 256
     chosen.close()
 

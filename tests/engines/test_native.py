@@ -20,6 +20,7 @@ from ponder.engines.native import (
 )
 from ponder.engines.runner import Prefill
 from ponder.errors import ConfigError
+from tests.engines import prompts
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -40,11 +41,7 @@ def runner(request: pytest.FixtureRequest) -> Iterator[NativeRunner]:
 
 
 def chat(runner: NativeRunner, prompt: str) -> list[int]:
-    text = runner.tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
-    )
-    ids: list[int] = runner.tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids
+    return prompts.chat(runner.tokenizer, prompt)
 
 
 def greedy(
@@ -142,12 +139,7 @@ def test_a_prefix_is_left_unchanged_and_shared_by_rows(runner: NativeRunner) -> 
             assert torch.equal(k, k0) and torch.equal(v, v0)
         # an empty continuation is the prefix itself; the seam's bounds are checked
         assert runner.prefill([Prefill([], prefix)])[0] is prefix
-        with pytest.raises(ValueError, match="context"):
-            runner.prefill([Prefill([1] * (runner.context_length + 1))])
-        runner.join(prefix)
-        with pytest.raises(ValueError, match="1 rows"):
-            runner.decode([1, 2])
-        runner.keep([])
+        prompts.check_bounds(runner, prefix)
 
 
 def test_int8_weights_are_prepared_once_and_a_stale_format_again(tmp_path: Path) -> None:
