@@ -107,15 +107,11 @@ def test_a_prefix_is_shared_by_rows_and_left_unchanged(runner: LlamaCppRunner) -
 
 
 def test_a_prompt_prefilled_in_chunks_matches_one_pass(runner: LlamaCppRunner) -> None:
-    text = " ".join(f"Item {i}: a line of text about the number {i}." for i in range(60))
-    ids = runner.tokenizer(text)["input_ids"]
+    ids = runner.tokenizer(prompts.LONG_TEXT)["input_ids"]
     assert len(ids) > 600  # more than one llama_decode call of the runner
     whole = runner.prefill([Prefill(ids)])[0]
     for size in (37, 256):
-        prefix = None
-        for start in range(0, len(ids), size):
-            prefix = runner.prefill([Prefill(ids[start : start + size], prefix)])[0]
-        assert prefix is not None and prefix.length == len(ids)
+        prefix = prompts.prefill_in_chunks(runner, ids, size)
         assert int(prefix.logits.argmax()) == int(whole.logits.argmax())
         assert float((prefix.logits - whole.logits).abs().max()) < 2 * F16_NOISE
 

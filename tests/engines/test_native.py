@@ -107,16 +107,12 @@ def test_a_row_is_bit_identical_alone_and_in_any_batch(runner: NativeRunner) -> 
 # float32 matrix products vary with their row count: bit-identity is an int8 property
 @pytest.mark.parametrize("runner", ["int8"], indirect=True)
 def test_a_prompt_prefilled_in_chunks_gives_the_same_cache(runner: NativeRunner) -> None:
-    text = " ".join(f"Item {i}: a line of text about the number {i}." for i in range(60))
-    ids = runner.tokenizer(text)["input_ids"]
+    ids = runner.tokenizer(prompts.LONG_TEXT)["input_ids"]
     assert len(ids) > 600  # longer than one internal prefill pass
     with torch.inference_mode():
         whole = runner.prefill([Prefill(ids)])[0]
         for size in (37, 256):
-            prefix = None
-            for start in range(0, len(ids), size):
-                prefix = runner.prefill([Prefill(ids[start : start + size], prefix)])[0]
-            assert prefix is not None and prefix.length == len(ids)
+            prefix = prompts.prefill_in_chunks(runner, ids, size)
             assert torch.equal(prefix.logits, whole.logits)
             for (k1, v1), (k2, v2) in zip(prefix.state, whole.state, strict=True):
                 assert torch.equal(k1, k2) and torch.equal(v1, v2)

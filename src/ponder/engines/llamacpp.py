@@ -358,16 +358,17 @@ class LlamaCppRunner(ModelRunner):
 
     def prefill(self, items: Sequence[Prefill]) -> list[Prefix]:
         taken: list[int] = []
+        ends: list[int] = []
         logits: list[torch.Tensor] = []
         try:
             for item in items:
                 if not item.tokens:
                     raise ValueError("a prefill item needs at least one token")
                 start = item.prefix.length if item.prefix is not None else 0
-                if start + len(item.tokens) > self.context_length:
+                ends.append(start + len(item.tokens))
+                if ends[-1] > self.context_length:
                     raise ValueError(
-                        f"{start + len(item.tokens)} tokens exceed the context of "
-                        f"{self.context_length}"
+                        f"{ends[-1]} tokens exceed the context of {self.context_length}"
                     )
                 seq = self._take()
                 taken.append(seq)
@@ -386,8 +387,7 @@ class LlamaCppRunner(ModelRunner):
                 self._drop_seq(seq)
             raise
         return [
-            self._prefix(seq, (item.prefix.length if item.prefix else 0) + len(item.tokens), row)
-            for seq, item, row in zip(taken, items, logits, strict=True)
+            self._prefix(seq, end, row) for seq, end, row in zip(taken, ends, logits, strict=True)
         ]
 
     def join(self, prefix: Prefix) -> None:
