@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy
 import pytest
-import torch
 
 from ponder.config import load_settings
 from ponder.engines.llamacpp import (
@@ -17,6 +19,7 @@ from ponder.engines.llamacpp import (
     gguf_weights,
     select_llama_runner,
 )
+from ponder.engines.models import checkpoint_dir
 from ponder.engines.runner import Prefill
 from ponder.errors import ConfigError
 from tests.engines import prompts
@@ -63,7 +66,7 @@ def greedy(
     running = list(range(len(prompts)))
     for step in range(steps):
         out = runner.decode([tokens[i][-1] for i in running])
-        assert out.shape == (len(running), out.shape[1]) and out.dtype == torch.float32
+        assert out.shape == (len(running), out.shape[1]) and out.dtype == numpy.float32
         for i, row_logits in zip(running, out, strict=True):
             tokens[i].append(int(row_logits.argmax()))
         if leave and step in leave:
@@ -90,10 +93,11 @@ def test_greedy_rows_are_the_same_alone_and_in_any_batch(runner: LlamaCppRunner)
 def test_a_prefix_is_shared_by_rows_and_left_unchanged(runner: LlamaCppRunner) -> None:
     ids = chat(runner, PROMPTS[0])
     prefix = runner.prefill([Prefill(ids)])[0]
+    logits = prefix.logits.copy()
     runner.join(prefix)
     runner.join(prefix)
     first = runner.decode([5, 5])
-    assert torch.allclose(first[0], first[1], atol=1e-4)
+    assert numpy.allclose(first[0], first[1], atol=1e-4)
     runner.decode([6, 7])
     runner.keep([1])
     assert runner.rows == 1
@@ -101,8 +105,10 @@ def test_a_prefix_is_shared_by_rows_and_left_unchanged(runner: LlamaCppRunner) -
     # the rows' tokens went into their own sequences: the prefix still ends where it did
     again = runner.prefill([Prefill([5], prefix)])[0]
     assert again.length == prefix.length + 1
+    # logits handed out are never written again: later calls leave them as they were
+    assert numpy.array_equal(prefix.logits, logits)
     # a prefill pass and a decode step round through float16 differently
-    assert float((again.logits - first[0]).abs().max()) < F16_NOISE
+    assert float(numpy.abs(again.logits - first[0]).max()) < F16_NOISE
     prompts.check_bounds(runner, prefix)
 
 
@@ -113,7 +119,7 @@ def test_a_prompt_prefilled_in_chunks_matches_one_pass(runner: LlamaCppRunner) -
     for size in (37, 256):
         prefix = prompts.prefill_in_chunks(runner, ids, size)
         assert int(prefix.logits.argmax()) == int(whole.logits.argmax())
-        assert float((prefix.logits - whole.logits).abs().max()) < 2 * F16_NOISE
+        assert float(numpy.abs(prefix.logits - whole.logits).max()) < 2 * F16_NOISE
 
 
 def test_sequences_are_released_with_their_prefixes(runner: LlamaCppRunner) -> None:
@@ -194,3 +200,43 @@ async def test_the_prompt_cache_never_takes_the_sequences_rows_need() -> None:
         await engine.close()
     with pytest.raises(ConfigError, match="PONDER_ENGINE_MAX_ROWS"):
         LlamaCppRunner.load(load_settings(engine_max_rows=240, llama_kv_tokens=256))
+
+
+#: a process that runs the engine over llama.cpp, greedy and seeded, and never loads torch
+_ENGINE_WITHOUT_TORCH = """
+import asyncio, sys
+from ponder.config import load_settings
+from ponder.engines.base import SampleRequest
+from ponder.engines.transformers import TransformersEngine
+
+async def main():
+    settings = load_settings(engine="transformers", model_runner="llama", torch_threads=1,
+                             engine_max_rows=2, llama_kv_tokens=1024)
+    engine = TransformersEngine(settings)
+    try:
+        outputs = await engine.generate([
+            SampleRequest(prompt="What is the capital of France?", max_new_tokens=8),
+            SampleRequest(prompt="Hi", temperature=1.0, top_p=0.9, seed=3, max_new_tokens=8),
+        ])
+    finally:
+        await engine.close()
+    print([o.text for o in outputs], "torch" in sys.modules)
+
+asyncio.run(main())
+"""
+
+
+def test_the_engine_over_llama_cpp_never_imports_torch() -> None:
+    # a first start converts the packaged model with torch: done here, not in the child
+    checkpoint_dir(MODEL, load_settings().model_cache_dir)
+    done = subprocess.run(
+        [sys.executable, "-c", _ENGINE_WITHOUT_TORCH],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    texts, imported = done.stdout.strip().rsplit(" ", 1)
+    assert "Paris" in texts
+    assert imported == "False"

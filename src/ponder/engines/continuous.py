@@ -457,7 +457,8 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     # --- what engines implement -------------------------------------------------------
     def _context(self) -> contextlib.AbstractContextManager[Any]:
-        """A context the loop runs in (e.g. ``torch.inference_mode()``)."""
+        """A context the loop runs in, entered once :meth:`_setup` has succeeded (e.g.
+        ``torch.inference_mode()``)."""
         return contextlib.nullcontext()
 
     @abstractmethod

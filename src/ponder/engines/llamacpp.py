@@ -51,7 +51,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
+import numpy
 
 from ponder.config import Settings
 from ponder.engines.models import (
@@ -62,7 +62,7 @@ from ponder.engines.models import (
     checkpoint_dir,
     load_tokenizer,
 )
-from ponder.engines.runner import ModelRunner, Prefill, Prefix
+from ponder.engines.runner import Logits, ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
 
 __all__ = ["KVCacheFull", "LlamaCppRunner", "available", "gguf_weights", "select_llama_runner"]
@@ -314,7 +314,7 @@ class LlamaCppRunner(ModelRunner):
         while self._released:
             self._drop_seq(self._released.pop())
 
-    def _prefix(self, seq: int, length: int, logits: torch.Tensor) -> Prefix:
+    def _prefix(self, seq: int, length: int, logits: Logits) -> Prefix:
         return Prefix(
             length=length,
             logits=logits,
@@ -324,11 +324,12 @@ class LlamaCppRunner(ModelRunner):
 
     # --- forward passes ---------------------------------------------------------------
 
-    def _run(self, entries: list[tuple[int, int, int, bool]]) -> torch.Tensor:
-        """Decode (token, position, sequence, wants logits) entries; the wanted logits."""
+    def _run(self, entries: list[tuple[int, int, int, bool]]) -> Logits:
+        """Decode (token, position, sequence, wants logits) entries; the wanted logits
+        (copied out of llama.cpp's buffer, which the next call overwrites)."""
         lc, batch = self._lc, self._batch
         wanted = sum(1 for entry in entries if entry[3])
-        out = torch.empty(wanted, self._vocab, dtype=torch.float32)
+        out = numpy.empty((wanted, self._vocab), numpy.float32)
         if not entries:
             return out
         row = 0
@@ -352,14 +353,14 @@ class LlamaCppRunner(ModelRunner):
             for i, entry in enumerate(chunk):
                 if entry[3]:
                     pointer = lc.llama_get_logits_ith(self._ctx, i)
-                    ctypes.memmove(out[row].data_ptr(), pointer, self._vocab * 4)
+                    ctypes.memmove(out[row].ctypes.data, pointer, out[row].nbytes)
                     row += 1
         return out
 
     def prefill(self, items: Sequence[Prefill]) -> list[Prefix]:
         taken: list[int] = []
         ends: list[int] = []
-        logits: list[torch.Tensor] = []
+        logits: list[Logits] = []
         try:
             for item in items:
                 if not item.tokens:
@@ -403,7 +404,7 @@ class LlamaCppRunner(ModelRunner):
                 self._drop_seq(seq)
         self._running = [self._running[i] for i in rows]
 
-    def decode(self, tokens: Sequence[int]) -> torch.Tensor:
+    def decode(self, tokens: Sequence[int]) -> Logits:
         if len(tokens) != len(self._running):
             raise ValueError(f"{len(tokens)} tokens for {len(self._running)} running rows")
         self._collect()

@@ -84,7 +84,7 @@ from ponder.engines.models import (
     checkpoint_dir,
     load_tokenizer,
 )
-from ponder.engines.runner import ModelRunner, Prefill, Prefix
+from ponder.engines.runner import Logits, ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
 
 __all__ = [
@@ -705,6 +705,9 @@ class NativeRunner(ModelRunner):
     def rows(self) -> int:
         return len(self._slots)
 
+    def context(self) -> contextlib.AbstractContextManager[Any]:
+        return torch.inference_mode()
+
     # --- prefill ----------------------------------------------------------------------
 
     def prefill(self, items: Sequence[Prefill]) -> list[Prefix]:
@@ -776,7 +779,9 @@ class NativeRunner(ModelRunner):
                 offset += n
             m.finish_layer(layer, x, attended)
         last = torch.tensor(counts).cumsum(0) - 1
-        logits = m.logits(x[last])
+        # the head's output is this pass's own tensor: its numpy view aliases nothing
+        # that the runner writes to again
+        logits = m.logits(x[last]).numpy()
         return [
             Prefix(
                 length=start + n,
@@ -864,7 +869,7 @@ class NativeRunner(ModelRunner):
                 spans.append((slot, slot + 1, width))
         return spans
 
-    def decode(self, tokens: Sequence[int]) -> torch.Tensor:
+    def decode(self, tokens: Sequence[int]) -> Logits:
         n = len(self._slots)
         if len(tokens) != n:
             raise ValueError(f"decode got {len(tokens)} tokens for {n} rows")
@@ -903,7 +908,8 @@ class NativeRunner(ModelRunner):
             ]
             m.finish_layer(layer, x, parts[0] if len(parts) == 1 else torch.cat(parts))
         self._lengths = [length + 1 for length in self._lengths]
-        logits = m.logits(x)
+        logits = m.logits(x)  # this step's own tensor, as in _prefill_pass
         if self._slots != list(range(n)):
             logits = logits[torch.tensor(self._slots)]
-        return logits
+        out: Logits = logits.numpy()
+        return out

@@ -4,7 +4,7 @@
 ponder's rows come and go one at a time with their own parameters, so this engine runs its
 own scheduler (:class:`~ponder.engines.continuous.ContinuousEngine`: rows join and leave
 the running batch at every decode step) over a :class:`~ponder.engines.runner.ModelRunner`
-that does the tensor work. It gives:
+that does the model work. It gives:
 
 - per-row temperature, top_p, seed, max_new_tokens and stop strings, with per-row seeded
   sampling: a row's text depends on its prompt, seed and parameters alone, never on what
@@ -22,7 +22,9 @@ that does the tensor work. It gives:
 - token log-probabilities (under the unscaled logits).
 
 All model work runs in one dedicated thread: one model instance, never two forward passes
-at once, and the event loop never blocks.
+at once, and the event loop never blocks. The scheduler and its sampler work on numpy
+arrays: torch is imported only where a torch runner (native or hf) is chosen, so an engine
+over llama.cpp never loads it.
 """
 
 from __future__ import annotations
@@ -40,17 +42,17 @@ from ponder.engines.continuous import ContinuousEngine, Row
 from ponder.engines.models import load_model
 from ponder.errors import ConfigError, EngineError
 
+_NEEDS_MODEL_EXTRA = (
+    "the transformers engine needs the model extra: pip install -e '.[model]' (or `make install`)"
+)
+
 try:
-    import torch
+    import numpy
 
     from ponder.engines.llamacpp import select_llama_runner
-    from ponder.engines.native import select_runner
-    from ponder.engines.runner import HFRunner, ModelRunner, Prefill, Prefix
+    from ponder.engines.runner import Logits, ModelRunner, Prefill, Prefix
 except ImportError as e:  # pragma: no cover - depends on the installation
-    raise ConfigError(
-        "the transformers engine needs the model extra: pip install -e '.[model]' "
-        "(or `make install`)"
-    ) from e
+    raise ConfigError(_NEEDS_MODEL_EXTRA) from e
 
 __all__ = ["TransformersEngine", "encode_prompt"]
 
@@ -72,7 +74,7 @@ class _Row(Row):
     resuming: bool = False
     max_new_tokens: int = 0
     #: None for greedy rows; otherwise the row's own sampling stream
-    generator: torch.Generator | None = None
+    generator: numpy.random.Generator | None = None
     tokens: list[int] = field(default_factory=list)
     logprobs: list[float] = field(default_factory=list)
     #: the request's non-empty stop strings
@@ -121,15 +123,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
 
     # --- set-up (model thread) --------------------------------------------------------
     def _setup(self) -> None:
-        # torch's intra-op thread count is a per-thread setting: set it where the work runs
-        if self._settings.torch_threads > 0:
-            torch.set_num_threads(self._settings.torch_threads)
-        runner: ModelRunner | None = select_llama_runner(self._settings) or select_runner(
-            self._settings
-        )
-        if runner is None:
-            model, tokenizer = load_model(self._settings.model, self._settings.model_cache_dir)
-            runner = HFRunner(model, tokenizer)
+        runner = select_llama_runner(self._settings) or _torch_runner(self._settings)
         self._prefixes.max_entries = runner.max_prefixes
         self._length_tokenizer = copy.deepcopy(runner.tokenizer)
         self._tokenizer = runner.tokenizer
@@ -144,7 +138,8 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         self._partial.clear()
 
     def _context(self) -> contextlib.AbstractContextManager[Any]:
-        return torch.inference_mode()
+        assert self._runner is not None  # the loop starts once _setup has loaded it
+        return self._runner.context()
 
     @property
     def batch_invariant(self) -> bool:
@@ -173,9 +168,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
             raise EngineError(f"max_new_tokens must be at least 1, not {request.max_new_tokens}")
         if not 0 < request.top_p <= 1 or request.temperature < 0:
             raise EngineError("need temperature >= 0 and 0 < top_p <= 1")
-        if request.temperature > 0:
-            seed = secrets.randbits(63) if request.seed is None else request.seed % 2**64
-            row.generator = torch.Generator().manual_seed(seed)
+        row.generator = _generator(request)
         row.prompt_ids = row.sequence = ids
         row.key = tuple(ids) if self._share_prefix else (id(row), *ids)
         row.max_new_tokens = min(request.max_new_tokens, runner.context_length - len(ids))
@@ -259,7 +252,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
                 row.resuming = False
                 self._join(row, prefix, ready)
             return
-        logits = prefix.logits[None, :].expand(len(group), -1)
+        logits = numpy.broadcast_to(prefix.logits, (len(group), *prefix.logits.shape))
         tokens, logprobs = _sample(logits, group)
         for row, token, logprob in zip(group, tokens, logprobs, strict=True):
             self._append(row, token, logprob)
@@ -331,6 +324,25 @@ class TransformersEngine(ContinuousEngine["_Row"]):
             mean_logprob=sum(row.logprobs) / n if n else None,
             token_logprobs=list(row.logprobs),
         )
+
+
+def _torch_runner(settings: Settings) -> ModelRunner:
+    """The native runner where it applies, else the generic one (both run on torch)."""
+    try:
+        import torch
+
+        from ponder.engines.hf import HFRunner
+        from ponder.engines.native import select_runner
+    except ImportError as e:  # pragma: no cover - depends on the installation
+        raise ConfigError(_NEEDS_MODEL_EXTRA) from e
+    # torch's intra-op thread count is a per-thread setting: set it where the work runs
+    if settings.torch_threads > 0:
+        torch.set_num_threads(settings.torch_threads)
+    runner: ModelRunner | None = select_runner(settings)
+    if runner is None:
+        model, tokenizer = load_model(settings.model, settings.model_cache_dir)
+        runner = HFRunner(model, tokenizer)
+    return runner
 
 
 def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:
@@ -425,41 +437,54 @@ class _PrefixCache:
         self._bytes = 0
 
 
-def _sample(logits: torch.Tensor, rows: list[_Row]) -> tuple[list[int], list[float]]:
+def _generator(request: SampleRequest) -> numpy.random.Generator | None:
+    """A sampled row's own stream, from ``request.seed`` (else a random seed); None: greedy."""
+    if request.temperature <= 0:
+        return None
+    seed = secrets.randbits(63) if request.seed is None else request.seed % 2**64
+    return numpy.random.Generator(numpy.random.PCG64(seed))
+
+
+def _sample(logits: Logits, rows: list[_Row]) -> tuple[list[int], list[float]]:
     """Each row's next token and its log-probability under the unscaled logits.
 
-    A sampled row draws one uniform number per token from its own generator and picks the
-    token by inverse CDF over its own (row-wise computed) distribution, so its choices
-    depend on its seed and its logits alone, never on the other rows.
+    ``logits`` is ``[rows, vocab]`` (read, never written). A greedy row takes the argmax;
+    a sampled row draws from its own generator (:func:`_draw`) over its own logits, so
+    its choices depend on its seed and its logits alone, never on the other rows.
     """
-    logits = logits.float()
-    chosen = logits.argmax(dim=-1)
-    # which path a row takes depends on its own top_p only, never on the other rows
-    for nucleus in (True, False):
-        picked = [
-            i
-            for i, row in enumerate(rows)
-            if row.generator is not None and (row.request.top_p < 1) == nucleus
-        ]
-        if picked:
-            chosen[picked] = _draw(logits[picked], [rows[i] for i in picked], nucleus)
-    logprobs = torch.log_softmax(logits, dim=-1).gather(1, chosen[:, None])[:, 0]
+    chosen = logits.argmax(axis=-1)
+    for i, row in enumerate(rows):
+        if row.generator is not None:
+            request = row.request
+            chosen[i] = _draw(logits[i], request.temperature, request.top_p, row.generator)
+    # log_softmax at the chosen token: the row's max subtracted, the sum in float64
+    shifted = logits - logits.max(axis=-1, keepdims=True)
+    total = numpy.exp(shifted).sum(axis=-1, dtype=numpy.float64)
+    logprobs = numpy.take_along_axis(shifted, chosen[:, None], axis=-1)[:, 0] - numpy.log(total)
     return chosen.tolist(), logprobs.tolist()
 
 
-def _draw(logits: torch.Tensor, rows: list[_Row], nucleus: bool) -> torch.Tensor:
+def _draw(
+    logits: Logits, temperature: float, top_p: float, generator: numpy.random.Generator
+) -> int:
+    """One token drawn by inverse CDF, with one uniform number from ``generator``, from
+    the softmax of ``logits / temperature``, cut to its nucleus when ``top_p < 1``."""
     # a floor on the temperature keeps logits / temperature finite
-    temperature = torch.tensor([max(row.request.temperature, 1e-4) for row in rows])
-    probs = torch.softmax(logits / temperature[:, None], dim=-1)
+    scaled = logits / max(temperature, 1e-4)
+    scaled -= scaled.max()
+    probs = numpy.exp(scaled, out=scaled)
+    probs /= probs.sum()
     order = None
-    if nucleus:
+    if top_p < 1:
         # keep the most likely tokens until their mass reaches top_p: a token is dropped
-        # when the mass before it already does
-        probs, order = probs.sort(dim=-1, descending=True)
-        top_p = torch.tensor([row.request.top_p for row in rows])
-        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p[:, None], 0.0)
-    cdf = probs.cumsum(-1)
-    uniform = torch.stack([torch.rand((), generator=row.generator) for row in rows])
-    threshold = (uniform * cdf[:, -1])[:, None]
-    index = torch.searchsorted(cdf, threshold, right=True).clamp(max=cdf.shape[-1] - 1)
-    return (order.gather(1, index) if order is not None else index)[:, 0]
+        # when the mass before it already does. Only tokens of probability at least
+        # (1 - top_p) / vocab can be kept (the others hold less than 1 - top_p together),
+        # so only those are sorted (most likely first, ties by token id)
+        order = numpy.flatnonzero(probs >= (1 - top_p) / len(probs))
+        order = order[numpy.argsort(-probs[order], kind="stable")]
+        probs = probs[order]
+        probs[numpy.cumsum(probs, dtype=numpy.float64) - probs >= top_p] = 0.0
+    cdf = numpy.cumsum(probs, dtype=numpy.float64)
+    index = int(numpy.searchsorted(cdf, generator.random() * cdf[-1], side="right"))
+    index = min(index, len(cdf) - 1)
+    return int(order[index]) if order is not None else index
