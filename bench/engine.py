@@ -167,9 +167,6 @@ def best_of(repeats: int, run: Any) -> tuple[float, int]:
 def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
     """ponder's engine: throughput, prefill and shared prefix (runs in .venv)."""
     import_rss = rss_gb()
-    import torch  # noqa: F401 - its import is what torch_rss_gb measures
-
-    torch_rss = rss_gb()
     from ponder.config import load_settings
     from ponder.engines.base import SampleRequest
     from ponder.engines.transformers import TransformersEngine
@@ -233,8 +230,8 @@ def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
     result.update(
         peak_rss_gb=peak_rss_gb(),
         import_rss_gb=import_rss,
-        torch_rss_gb=torch_rss,
         loaded_rss_gb=loaded_rss,
+        torch_loaded="torch" in sys.modules,
     )
     return result
 
@@ -345,8 +342,8 @@ def llama_worker(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """CTranslate2 int8, static batches (runs in .venv-peers)."""
+def ct2_generator(job: dict[str, Any]) -> tuple[Any, Any]:
+    """CTranslate2's int8 generator of ``job["checkpoint"]`` (converted once) and its tokenizer."""
     import ctranslate2
     from transformers import AutoTokenizer
 
@@ -358,6 +355,12 @@ def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
     generator = ctranslate2.Generator(
         str(out), device="cpu", compute_type="int8", intra_threads=job["threads"]
     )
+    return generator, tokenizer
+
+
+def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2 int8, static batches (runs in .venv-peers)."""
+    generator, tokenizer = ct2_generator(job)
     as_tokens = [tokenizer.convert_ids_to_tokens(ids) for ids in job["prompts"]]
 
     def generate(rows: list[list[str]]) -> int:
@@ -387,7 +390,30 @@ def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
     return result
 
 
-WORKERS = {"ponder": ponder_worker, "llama": llama_worker, "ct2": ct2_worker}
+def ct2_answers_worker(job: dict[str, Any]) -> dict[str, Any]:
+    """CTranslate2 int8's greedy texts of templated prompts (``--agreement``; .venv-peers)."""
+    generator, tokenizer = ct2_generator(job)
+    end = [tokenizer.convert_ids_to_tokens(i) for i in job["eos_ids"]]
+    texts: list[str] = []
+    for first in range(0, len(job["prompts"]), 16):
+        rows = [tokenizer.convert_ids_to_tokens(ids) for ids in job["prompts"][first : first + 16]]
+        results = generator.generate_batch(
+            rows,
+            max_length=job["new_tokens"],
+            sampling_topk=1,
+            end_token=end,
+            include_prompt_in_result=False,
+        )
+        texts += [tokenizer.decode(r.sequences_ids[0], skip_special_tokens=True) for r in results]
+    return {"texts": texts}
+
+
+WORKERS = {
+    "ponder": ponder_worker,
+    "llama": llama_worker,
+    "ct2": ct2_worker,
+    "ct2-answers": ct2_answers_worker,
+}
 
 
 def run_worker(python: Path, job: dict[str, Any], timeout_s: float) -> dict[str, Any]:
@@ -691,8 +717,10 @@ def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str
         lines += ["", f"Shared prefix (ponder): wall s for N samples of the long prompt: {times}"]
     lines.append(
         f"\n{name}'s process: {ponder['import_rss_gb']:.2f} GB RSS at start, "
-        f"{ponder['torch_rss_gb']:.2f} GB after `import torch`, {ponder['loaded_rss_gb']:.2f} "
-        f"GB with the model loaded ({ponder['load_s']:.1f} s), peak {ponder['peak_rss_gb']:.2f}."
+        f"{ponder['loaded_rss_gb']:.2f} GB with the model loaded ({ponder['load_s']:.1f} s), "
+        f"peak {ponder['peak_rss_gb']:.2f}; torch "
+        + ("loaded" if ponder.get("torch_loaded", True) else "never imported")
+        + "."
     )
     lines.append("")
     return lines
@@ -801,12 +829,47 @@ def agreement_problems(args: argparse.Namespace) -> tuple[list[_Problem], str]:
     )
 
 
+def _extract(problem: _Problem, text: str) -> str | None:
+    """The answer ponder extracts from ``text`` for ``problem`` (None: none)."""
+    from ponder.enhance.answers import answer_type
+
+    kind = answer_type(problem.task_type)
+    return kind.extract(text, kind.question(problem.question)) if text else None
+
+
+def ct2_texts(model: str, asks: list[dict[str, Any]], new_tokens: int, args: Any) -> list[str]:
+    """CTranslate2 int8's greedy texts for ``asks``, templated as ponder templates them."""
+    from ponder.config import load_settings
+    from ponder.engines.base import SampleRequest
+    from ponder.engines.models import checkpoint_dir, load_tokenizer
+    from ponder.engines.transformers import encode_prompt
+
+    settings = load_settings(model=model)
+    checkpoint = checkpoint_dir(model, settings.model_cache_dir)
+    tokenizer, eos_ids = load_tokenizer(checkpoint, light=True)
+    job = {
+        "worker": "ct2-answers",
+        "checkpoint": str(checkpoint),
+        "threads": args.threads,
+        "eos_ids": sorted(eos_ids),
+        "new_tokens": new_tokens,
+        "prompts": [encode_prompt(tokenizer, SampleRequest(**ask)) for ask in asks],
+    }
+    with tempfile.TemporaryDirectory() as tmp:
+        result = run_worker(PEERS_PYTHON, {**job, "workdir": args.workdir or tmp}, args.timeout_s)
+    if "error" in result:
+        raise RuntimeError(f"ct2 int8: {result['error']}")
+    texts: list[str] = result["texts"]
+    return texts
+
+
 def run_agreement(args: argparse.Namespace) -> None:
     """Greedy answers of each runner and weights against the transformers model's.
 
     ``--problems`` problems, each model's greedy output through the engine (``hf``:
     float32, the reference; the native runner in float32 and in int8; where installed,
-    the llama.cpp runner in q8_0, q4_0 and f16), answers extracted by ponder: the rate at
+    the llama.cpp runner in q8_0, q4_0 and f16; where ``make peers`` ran, CTranslate2 int8,
+    the throughput peer, on the same templated prompt ids), answers extracted by ponder: the rate at
     which each agrees with the reference, and each one's accuracy under the dataset's own
     scorer. ``--style short``: half reasoning-gym ``basic_arithmetic``, half
     ``chain_sum``, the number alone asked for; ``--style reasoning``: half
@@ -818,7 +881,7 @@ def run_agreement(args: argparse.Namespace) -> None:
     from ponder.engines.base import SampleRequest
     from ponder.engines.llamacpp import available
     from ponder.engines.transformers import TransformersEngine
-    from ponder.enhance.answers import answer_type, same_answer
+    from ponder.enhance.answers import same_answer
 
     # the first leg is the reference: the transformers model in float32
     legs: dict[str, dict[str, str]] = {
@@ -829,6 +892,8 @@ def run_agreement(args: argparse.Namespace) -> None:
     if available():
         for weights in ("q8_0", "q4_0", "f16"):
             legs[f"llama {weights}"] = {"model_runner": "llama", "llama_weights": weights}
+    if PEERS_PYTHON.is_file():
+        legs["ct2 int8"] = {}  # CTranslate2 (the throughput peer), in the peers' venv
     if args.legs:
         legs = {k: v for k, v in legs.items() if k == "hf float32" or k in args.legs}
     problems, described = agreement_problems(args)
@@ -854,6 +919,12 @@ def run_agreement(args: argparse.Namespace) -> None:
     for model in args.models:
         answers: dict[str, list[str | None]] = {}
         for leg, overrides in legs.items():
+            if leg == "ct2 int8":
+                outputs = ct2_texts(model, [p.ask for p in problems], tokens[model], args)
+                found = [_extract(p, text) for p, text in zip(problems, outputs, strict=True)]
+                answers[leg] = found
+                log(f"{model} {leg}: done")
+                continue
             settings = load_settings(engine="transformers", model=model,
                                      torch_threads=args.threads, engine_max_rows=16,
                                      engine_prefix_cache_mb=0, **overrides)  # fmt: skip
@@ -869,11 +940,7 @@ def run_agreement(args: argparse.Namespace) -> None:
             outputs = loop.run_until_complete(answer_all())
             loop.run_until_complete(engine.close())
             loop.close()
-            found: list[str | None] = []
-            for p, o in zip(problems, outputs, strict=True):
-                kind = answer_type(p.task_type)
-                found.append(kind.extract(o.text, kind.question(p.question)) if o.text else None)
-            answers[leg] = found
+            answers[leg] = [_extract(p, o.text) for p, o in zip(problems, outputs, strict=True)]
             log(f"{model} {leg}: done")
 
         def agreeing(found: list[str | None], reference: list[str | None]) -> str:
