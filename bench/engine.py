@@ -40,8 +40,10 @@ the tables show the tokens produced). Sections:
    480-token prompt submitted at once, against one sample.
 
 The prefix cache is off (``PONDER_ENGINE_PREFIX_CACHE_MB=0``) so that repeats do not
-reuse the prompts of earlier ones. Each cell is the best of ``--repeats`` runs (other
-work on the machine only ever slows a run down); the 1-minute load average is recorded.
+reuse the prompts of earlier ones. The engines are interleaved: each of ``--repeats``
+rounds runs every engine once, in its own process, so a change of the machine's load
+falls on all of them; each cell is the best of its rounds (other work on the machine only
+ever slows a run down); the 1-minute load average is recorded.
 """
 
 from __future__ import annotations
@@ -343,17 +345,20 @@ def llama_worker(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def ct2_generator(job: dict[str, Any]) -> tuple[Any, Any]:
-    """CTranslate2's int8 generator of ``job["checkpoint"]`` (converted once) and its tokenizer."""
+    """CTranslate2's generator of ``job["checkpoint"]`` in ``job["compute_type"]`` (int8 by
+    default; converted once) and its tokenizer."""
     import ctranslate2
     from transformers import AutoTokenizer
 
-    out = Path(job["workdir"]) / f"ct2-{Path(job['checkpoint']).name}"
+    compute = job.get("compute_type", "int8")
+    suffix = "" if compute == "int8" else f"-{compute}"
+    out = Path(job["workdir"]) / f"ct2-{Path(job['checkpoint']).name}{suffix}"
     if not (out / "model.bin").is_file():
         converter = ctranslate2.converters.TransformersConverter(job["checkpoint"])
-        converter.convert(str(out), quantization="int8", force=True)
+        converter.convert(str(out), quantization=compute, force=True)
     tokenizer = AutoTokenizer.from_pretrained(job["checkpoint"], local_files_only=True)
     generator = ctranslate2.Generator(
-        str(out), device="cpu", compute_type="int8", intra_threads=job["threads"]
+        str(out), device="cpu", compute_type=compute, intra_threads=job["threads"]
     )
     return generator, tokenizer
 
@@ -391,7 +396,7 @@ def ct2_worker(job: dict[str, Any]) -> dict[str, Any]:
 
 
 def ct2_answers_worker(job: dict[str, Any]) -> dict[str, Any]:
-    """CTranslate2 int8's greedy texts of templated prompts (``--agreement``; .venv-peers)."""
+    """CTranslate2's greedy texts of templated prompts (``--agreement``; .venv-peers)."""
     generator, tokenizer = ct2_generator(job)
     end = [tokenizer.convert_ids_to_tokens(i) for i in job["eos_ids"]]
     texts: list[str] = []
@@ -485,6 +490,8 @@ def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
         ("llama.cpp Q8_0", "llama", {"requantize": "Q8_0"}),
         ("llama.cpp F16", "llama", {"requantize": "F16"}),
         ("ct2 int8", "ct2", {}),
+        # CTranslate2 at the precision that keeps the answers (the agreement run's control)
+        ("ct2 float32", "ct2", {"compute_type": "float32"}),
     ]
 
 
@@ -495,6 +502,25 @@ def kv_tokens(data: dict[str, Any], args: argparse.Namespace) -> int:
     rows = sum(len(p) for p in data["prompts"][:most]) + most * args.new_tokens
     shared = len(data["long_prompt"]) + max(SAMPLES) * args.new_tokens
     return max(rows, shared, sum(len(p) for p in data["prompts"])) + 64
+
+
+def best_cells(kept: dict[str, Any] | None, new: dict[str, Any]) -> dict[str, Any]:
+    """One engine's figures over repeats: each timed cell's fastest, the highest peak RSS."""
+    if kept is None or "error" in new:
+        return new
+
+    def faster(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+        return a if a["seconds"] <= b["seconds"] else b
+
+    merged = dict(new)
+    merged["rows"] = {n: faster(kept["rows"][n], cell) for n, cell in new["rows"].items()}
+    for key, value in new.items():
+        if key.startswith("prefill_"):
+            merged[key] = faster(kept[key], value)
+    if "shared" in new:
+        merged["shared"] = {n: faster(kept["shared"][n], c) for n, c in new["shared"].items()}
+    merged["peak_rss_gb"] = max(kept["peak_rss_gb"], new["peak_rss_gb"])
+    return merged
 
 
 def main_run(args: argparse.Namespace) -> None:
@@ -522,32 +548,43 @@ def main_run(args: argparse.Namespace) -> None:
             started, load_before = time.monotonic(), os.getloadavg()[0]
             data = prepare(model, workdir)
             measured: dict[str, Any] = {}
-            for label, worker, extra in engines_for(model, data["gguf"]):
-                if args.only and not any(
+            chosen = [
+                (label, worker, extra)
+                for label, worker, extra in engines_for(model, data["gguf"])
+                if not args.only
+                or any(
                     label == o or (o.endswith("*") and label.startswith(o[:-1])) for o in args.only
-                ):
-                    continue
-                python = Path(sys.executable) if worker == "ponder" else PEERS_PYTHON
-                if not python.is_file():
-                    measured[label] = {"error": f"{python} is missing: run `make peers`"}
-                    continue
-                job = {
-                    "worker": worker,
-                    "label": label,
-                    "model": model,
-                    "rows": list(args.rows),
-                    "new_tokens": args.new_tokens,
-                    "threads": args.threads,
-                    "repeats": args.repeats,
-                    "workdir": str(workdir),
-                    **{k: data[k] for k in ("checkpoint", "gguf", "long_prompt")},
-                    "prompts": data["prompts"],
-                    "kv_tokens": kv_tokens(data, args),
-                    **extra,
-                }
-                measured[label] = run_worker(python, job, args.timeout_s)
-                if "error" in measured[label]:
-                    log(f"  {label}: {measured[label]['error']}")
+                )
+            ]
+            # interleaved: each repeat runs every engine once (a change of the machine's load
+            # falls on all of them), and each cell keeps its best repeat
+            for repeat in range(args.repeats):
+                log(f"{model}: repeat {repeat + 1} of {args.repeats}")
+                for label, worker, extra in chosen:
+                    if "error" in measured.get(label, {}):
+                        continue
+                    python = Path(sys.executable) if worker == "ponder" else PEERS_PYTHON
+                    if not python.is_file():
+                        measured[label] = {"error": f"{python} is missing: run `make peers`"}
+                        continue
+                    job = {
+                        "worker": worker,
+                        "label": label,
+                        "model": model,
+                        "rows": list(args.rows),
+                        "new_tokens": args.new_tokens,
+                        "threads": args.threads,
+                        "repeats": 1,
+                        "workdir": str(workdir),
+                        **{k: data[k] for k in ("checkpoint", "gguf", "long_prompt")},
+                        "prompts": data["prompts"],
+                        "kv_tokens": kv_tokens(data, args),
+                        **extra,
+                    }
+                    result = run_worker(python, job, args.timeout_s)
+                    measured[label] = best_cells(measured.get(label), result)
+                    if "error" in result:
+                        log(f"  {label}: {result['error']}")
             figures[model] = {
                 "run": {
                     "command": command,
@@ -615,8 +652,8 @@ def report(figures: dict[str, Any]) -> str:
             f"Command: `{run['command']}` ({run['date']}), {run['minutes']:.1f} min; "
             f"1-minute load average {run['load'][0]:.2f} at the start, {run['load'][1]:.2f} at "
             f"the end. At most {run['new_tokens']} new tokens per row; best of "
-            f"{run['repeats']} runs per cell; ponder's llama.cpp KV cache {run['kv_tokens']} "
-            "positions (the peer's largest context).",
+            f"{run['repeats']} interleaved rounds per cell; ponder's llama.cpp KV cache "
+            f"{run['kv_tokens']} positions (the peer's largest context).",
             "",
             f"Machine: {run['machine']}.",
             "",
@@ -700,13 +737,16 @@ def _goals_of(name: str, ponder: dict[str, Any], ok: dict[str, Any]) -> list[str
         lines.append(
             f"| peak RSS <= 1.5 x {label} | {ratio:.2f} x | {verdict(ratio, 1.5, above=False)} |"
         )
-    ct2 = ok.get("ct2 int8")
-    if ct2 is not None:
+    for peer in ("ct2 int8", "ct2 float32"):
+        ct2 = ok.get(peer)
+        if ct2 is None:
+            continue
         for rows in (8, 16, 32):
             if str(rows) in ponder["rows"] and str(rows) in ct2["rows"]:
                 ratio = _rate(ponder["rows"][str(rows)]) / _rate(ct2["rows"][str(rows)])
+                goal = "" if peer == "ct2 int8" else " (not a goal: the same answers)"
                 lines.append(
-                    f"| {rows} rows >= 1.0 x ct2 int8 | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
+                    f"| {rows} rows >= 1.0 x {peer}{goal} | {ratio:.2f} x | {verdict(ratio, 1.0)} |"
                 )
     shared = ponder.get("shared")
     if shared:
@@ -837,8 +877,11 @@ def _extract(problem: _Problem, text: str) -> str | None:
     return kind.extract(text, kind.question(problem.question)) if text else None
 
 
-def ct2_texts(model: str, asks: list[dict[str, Any]], new_tokens: int, args: Any) -> list[str]:
-    """CTranslate2 int8's greedy texts for ``asks``, templated as ponder templates them."""
+def ct2_texts(
+    model: str, asks: list[dict[str, Any]], new_tokens: int, compute_type: str, args: Any
+) -> list[str]:
+    """CTranslate2's greedy texts for ``asks`` in ``compute_type``, templated as ponder
+    templates them."""
     from ponder.config import load_settings
     from ponder.engines.base import SampleRequest
     from ponder.engines.models import checkpoint_dir, load_tokenizer
@@ -852,13 +895,14 @@ def ct2_texts(model: str, asks: list[dict[str, Any]], new_tokens: int, args: Any
         "checkpoint": str(checkpoint),
         "threads": args.threads,
         "eos_ids": sorted(eos_ids),
+        "compute_type": compute_type,
         "new_tokens": new_tokens,
         "prompts": [encode_prompt(tokenizer, SampleRequest(**ask)) for ask in asks],
     }
     with tempfile.TemporaryDirectory() as tmp:
         result = run_worker(PEERS_PYTHON, {**job, "workdir": args.workdir or tmp}, args.timeout_s)
     if "error" in result:
-        raise RuntimeError(f"ct2 int8: {result['error']}")
+        raise RuntimeError(f"ct2 {compute_type}: {result['error']}")
     texts: list[str] = result["texts"]
     return texts
 
@@ -869,7 +913,8 @@ def run_agreement(args: argparse.Namespace) -> None:
     ``--problems`` problems, each model's greedy output through the engine (``hf``:
     float32, the reference; the native runner in float32 and in int8; where installed,
     the llama.cpp runner in q8_0, q4_0 and f16; where ``make peers`` ran, CTranslate2 int8,
-    the throughput peer, on the same templated prompt ids), answers extracted by ponder: the rate at
+    the throughput peer, and float32, its control, on the same templated prompt ids),
+    answers extracted by ponder: the rate at
     which each agrees with the reference, and each one's accuracy under the dataset's own
     scorer. ``--style short``: half reasoning-gym ``basic_arithmetic``, half
     ``chain_sum``, the number alone asked for; ``--style reasoning``: half
@@ -893,7 +938,9 @@ def run_agreement(args: argparse.Namespace) -> None:
         for weights in ("q8_0", "q4_0", "f16"):
             legs[f"llama {weights}"] = {"model_runner": "llama", "llama_weights": weights}
     if PEERS_PYTHON.is_file():
-        legs["ct2 int8"] = {}  # CTranslate2 (the throughput peer), in the peers' venv
+        # CTranslate2 (the throughput peer) in the peers' venv; float32: the control
+        legs["ct2 int8"] = {"compute_type": "int8"}
+        legs["ct2 float32"] = {"compute_type": "float32"}
     if args.legs:
         legs = {k: v for k, v in legs.items() if k == "hf float32" or k in args.legs}
     problems, described = agreement_problems(args)
@@ -919,8 +966,9 @@ def run_agreement(args: argparse.Namespace) -> None:
     for model in args.models:
         answers: dict[str, list[str | None]] = {}
         for leg, overrides in legs.items():
-            if leg == "ct2 int8":
-                outputs = ct2_texts(model, [p.ask for p in problems], tokens[model], args)
+            if leg.startswith("ct2 "):
+                asks = [p.ask for p in problems]
+                outputs = ct2_texts(model, asks, tokens[model], overrides["compute_type"], args)
                 found = [_extract(p, text) for p, text in zip(problems, outputs, strict=True)]
                 answers[leg] = found
                 log(f"{model} {leg}: done")
@@ -976,7 +1024,9 @@ def main() -> None:
     parser.add_argument("--models", nargs="+", default=list(MODELS), choices=list(MODELS))
     parser.add_argument("--rows", nargs="+", type=int, default=list(ROWS))
     parser.add_argument("--new-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2, help="runs per cell (best kept)")
+    parser.add_argument(
+        "--repeats", type=int, default=2, help="runs of every engine, interleaved (best cell kept)"
+    )
     parser.add_argument("--threads", type=int, default=1, help="threads of every engine")
     parser.add_argument(
         "--only", nargs="+", help="these engines only (labels; a trailing * matches a prefix)"
