@@ -26,16 +26,21 @@ context with a **unified** KV cache):
 
 The weights: the GGUF file requantized once to ``PONDER_LLAMA_WEIGHTS`` and cached
 beside the converted checkpoint: ``f16`` by default, whose greedy answers are those of
-the float32 model (47 of 50 on SmolLM2, ``bench/results/engine-agreement-short.md``);
+the float32 model (48 of 50 short problems on SmolLM2, 296 of the quality benchmark's
+300: ``bench/results/engine-agreement-*.md``);
 ``q8_0`` and ``q4_0`` are faster, but llama.cpp multiplies them with activations
-quantized to 8 bits, which changes a small model's answers (28 and 10 of 50); ``gguf``:
+quantized to 8 bits, which changes a small model's answers (27 and 10 of 50); ``gguf``:
 the file as packaged. The tokenizer and chat template are those of the checkpoint that
 the other runners use, read without transformers
 (:class:`~ponder.engines.tokenizer.ChatTokenizer`, ~100 MB less resident memory), so
 every runner sees the same token ids.
 
 The KV cache holds ``PONDER_LLAMA_KV_TOKENS`` positions over all sequences (0: 1,024 per
-row of ``PONDER_ENGINE_MAX_ROWS``); llama.cpp allocates it whole at start. A prefill or
+row of ``PONDER_ENGINE_MAX_ROWS``); llama.cpp allocates it whole at start. It is unified
+so that one row may take most of it and a prompt's samples share its cells; llama.cpp's
+per-sequence streams (``kv_unified = false``) decoded 1.14-1.2 x faster at 16-32 rows of
+~100 positions on this 2-core CPU (no difference at 8), but would cap every row at an
+equal share allocated up front. A prefill or
 decode that finds no room raises :class:`KVCacheFull`; the engine fails those rows with
 that message.
 """
