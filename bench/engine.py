@@ -178,11 +178,12 @@ def ponder_worker(job: dict[str, Any]) -> dict[str, Any]:
         model=job["model"],
         model_runner=job["runner"],
         model_weights=job["weights"],
-        llama_weights=job.get("llama_weights", "q8_0"),
         llama_kv_tokens=job["kv_tokens"],
         torch_threads=job["threads"],
         engine_max_rows=max(job["rows"] + [max(SAMPLES)]),
         engine_prefix_cache_mb=0,
+        # the default engine runs on the default weights (f16); other legs name theirs
+        **({"llama_weights": job["llama_weights"]} if "llama_weights" in job else {}),
     )
     engine = TransformersEngine(settings)
     loop = asyncio.new_event_loop()
@@ -477,6 +478,11 @@ def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
     packaged_quant = last if re.fullmatch(r"I?Q\d\w*|F16|BF16|F32", last) else "Q4_K_M"
     return [
         ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
+        (
+            "ponder llama q8_0",
+            "ponder",
+            {"runner": "llama", "weights": "float32", "llama_weights": "q8_0", "shared": False},
+        ),
         (
             "ponder llama q4_0",
             "ponder",
