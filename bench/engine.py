@@ -15,8 +15,8 @@ machine two threads slow down many-fold whenever another process takes a core):
   runner ``PONDER_MODEL_RUNNER=auto`` picks: the llama.cpp one on float16 weights);
   every row ``submit``-ted at once; its KV cache as large as the llama.cpp peer's
   largest context;
-- ``ponder llama q4_0``: the same on Q4_0 weights (faster, changes answers: see
-  ``--agreement``), beside the peer on the same file;
+- ``ponder llama q8_0`` / ``ponder llama q4_0``: the same on Q8_0 / Q4_0 weights (faster,
+  change answers: see ``--agreement``), beside the peers on the same files;
 - ``ponder native``: the engine over ponder's own torch forward pass in float32 (the
   default without the llama.cpp extra: no compile step);
 - ``ponder int8`` (native runner, int8 weights) and ``ponder-hf`` (transformers'
@@ -25,8 +25,9 @@ machine two threads slow down many-fold whenever another process takes a core):
   ``llama_decode``, one sequence id per row, rows leave as they end: continuous batching
   over a fixed set), on the packaged GGUF file and on the same weights requantized to
   Q4_0, Q8_0 (the quantizations with a repacked AVX2 fast path) and F16;
-- ``ct2``: CTranslate2 int8, converted from ponder's float32 checkpoint;
-  ``generate_batch`` runs each batch whole (static batching).
+- ``ct2``: CTranslate2 int8 (and float32, the precision that keeps the answers),
+  converted from ponder's float32 checkpoint; ``generate_batch`` runs each batch whole
+  (static batching).
 
 Every engine gets the same token ids (the chat template applied by ponder), greedy
 decoding and ``--new-tokens`` new tokens per row at most (rows stop at end of sequence:
