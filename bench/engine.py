@@ -544,6 +544,10 @@ def main_run(args: argparse.Namespace) -> None:
     else:
         previous = dict(stored or ISSUE_FIGURES)
         previous.pop("previous", None)
+        if "source" not in previous:
+            previous["source"] = "the previous run of this script: " + ", ".join(
+                f"{MODELS[m]} {previous[m]['run']['date']}" for m in MODELS if m in previous
+            )
         figures = {"previous": previous}
     command = shlex.join([".venv/bin/python", "bench/engine.py", *sys.argv[1:]]) + (
         "" if sys.argv[1:] else " (= make bench-engine)"
@@ -643,8 +647,8 @@ def report(figures: dict[str, Any]) -> str:
         "",
         "Greedy, a distinct prompt per row, the same token ids for every engine; each cell "
         "the best of the run's repeats. Completion tokens/s include prefill. Engines: see "
-        f"the docstring of bench/engine.py. Previous figures ({previous.get('source', '?')}) "
-        "in brackets. Each model's figures come from one run, stated in its section.",
+        "the docstring of bench/engine.py. Each model's figures come from one run, stated "
+        f"in its section. In brackets: {previous.get('source', 'the previous run')}.",
         "",
     ]
     for model in MODELS:
@@ -959,11 +963,8 @@ def run_agreement(args: argparse.Namespace) -> None:
         tokens = {m: args.new_tokens for m in args.models}
     n = len(problems)
     lines = [f"## {args.style} answers", "",
-             f"Command: `.venv/bin/python bench/engine.py --agreement --style {args.style} "
-             f"--models {' '.join(args.models)} --problems {args.problems} --new-tokens "
-             f"{args.new_tokens}" + (f" --legs {' '.join(repr(x) for x in args.legs)}"
-                                     if args.legs else "")
-             + f"` ({dt.date.today().isoformat()}, 1-minute load average "
+             f"Command: `{shlex.join(['.venv/bin/python', 'bench/engine.py', *sys.argv[1:]])}"
+             f"` ({dt.date.today().isoformat()}, 1-minute load average "
              f"{os.getloadavg()[0]:.2f} at the start).", "",
              f"{described}; greedy, at most "
              + ", ".join(f"{tokens[m]} new tokens ({m})" for m in args.models) + ".", "",
@@ -1020,8 +1021,11 @@ def run_agreement(args: argparse.Namespace) -> None:
         log(lines[-1])
     lines.append("")
     RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"engine-agreement-{args.style}.md").write_text("\n".join(lines))
-    print("\n".join(lines))
+    path, text = RESULTS / f"engine-agreement-{args.style}.md", "\n".join(lines)
+    if args.merge and path.is_file():  # this run's models beside the earlier runs'
+        text = path.read_text().rstrip("\n") + "\n\n" + text.split("\n", 2)[2]
+    path.write_text(text)
+    print(text)
 
 
 def main() -> None:
@@ -1043,7 +1047,8 @@ def main() -> None:
     parser.add_argument(
         "--merge",
         action="store_true",
-        help="keep the other models' figures of engine.json (each model is one run)",
+        help="keep the other models' figures of engine.json (each model is one run); "
+        "--agreement: add this run's section to the report",
     )
     parser.add_argument(
         "--agreement",
