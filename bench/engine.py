@@ -12,11 +12,12 @@ machine two threads slow down many-fold whenever another process takes a core):
 
 - ``ponder``: the embedded default engine as ``make serve`` runs it once
   ``make install-llama`` is done (``TransformersEngine``, continuous batching, the
-  runner ``PONDER_MODEL_RUNNER=auto`` picks: the llama.cpp one on float16 weights);
-  every row ``submit``-ted at once; its KV cache as large as the llama.cpp peer's
-  largest context;
-- ``ponder llama q8_0`` / ``ponder llama q4_0``: the same on Q8_0 / Q4_0 weights (faster,
-  change answers: see ``--agreement``), beside the peers on the same files;
+  runner ``PONDER_MODEL_RUNNER=auto`` picks: the llama.cpp one, on the weights
+  ``PONDER_LLAMA_WEIGHTS=auto`` picks: float16 for SmolLM2, Q8_0 for Qwen); every row
+  ``submit``-ted at once; its KV cache as large as the llama.cpp peer's largest context;
+- ``ponder llama f16`` / ``ponder llama q8_0`` / ``ponder llama q4_0``: the same on F16 /
+  Q8_0 / Q4_0 weights (Q8_0 changes SmolLM2's answers, Q4_0 both models': see
+  ``--agreement``), beside the peers on the same files;
 - ``ponder native``: the engine over ponder's own torch forward pass in float32 (the
   default without the llama.cpp extra: no compile step);
 - ``ponder int8`` (native runner, int8 weights) and ``ponder-hf`` (transformers'
@@ -479,6 +480,11 @@ def engines_for(model: str, gguf: str) -> list[tuple[str, str, dict[str, Any]]]:
     packaged_quant = last if re.fullmatch(r"I?Q\d\w*|F16|BF16|F32", last) else "Q4_K_M"
     return [
         ("ponder", "ponder", {"runner": "auto", "weights": "float32", "shared": True}),
+        (
+            "ponder llama f16",
+            "ponder",
+            {"runner": "llama", "weights": "float32", "llama_weights": "f16", "shared": False},
+        ),
         (
             "ponder llama q8_0",
             "ponder",

@@ -4,6 +4,7 @@ import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -242,3 +243,15 @@ def test_static_batches_must_fit_the_engine() -> None:
                       engine_max_rows=16)  # fmt: skip
     fits = load_settings(batching="static", batch_max_size=8, engine_max_rows=8)
     assert fits.batching == "static"
+
+
+def test_auto_llama_weights_are_each_packaged_models_measured_choice(tmp_path: Path) -> None:
+    from ponder.engines.llamacpp import llama_weights
+
+    assert load_settings().llama_weights == "auto"
+    assert llama_weights(load_settings(model="smollm2-135m")) == "f16"
+    assert llama_weights(load_settings(model="qwen0.5b")) == "q8_0"
+    assert llama_weights(load_settings(model=str(tmp_path / "other.gguf"))) == "f16"
+    # an explicit choice is kept, whatever the model
+    assert llama_weights(load_settings(model="qwen0.5b", llama_weights="f16")) == "f16"
+    assert llama_weights(load_settings(model="smollm2-135m", llama_weights="gguf")) == "gguf"

@@ -285,11 +285,13 @@ class Settings(BaseSettings):
         "models), hf (transformers' modelling code, any causal LM); auto: llama where "
         "installed and the model is GGUF, else native where it applies, else hf",
     )
-    llama_weights: Literal["f16", "q8_0", "q4_0", "gguf"] = Field(
-        default="f16",
+    llama_weights: Literal["auto", "f16", "q8_0", "q4_0", "gguf"] = Field(
+        default="auto",
         description="llama runner's weights: the GGUF file requantized once (cached) to "
-        "f16 (greedy answers as float32's), q8_0 or q4_0 (faster, but llama.cpp quantizes "
-        "activations too and small models' answers change), or gguf: the file as it is",
+        "f16 (greedy answers as float32's), q8_0 or q4_0 (smaller and faster alone, but "
+        "llama.cpp quantizes activations too, which changes small models' answers), or "
+        "gguf: the file as it is; auto: a packaged model's measured choice (qwen0.5b: "
+        "q8_0), else f16",
     )
     llama_kv_tokens: int = Field(
         default=0,

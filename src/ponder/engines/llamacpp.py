@@ -60,6 +60,7 @@ import numpy
 
 from ponder.config import Settings
 from ponder.engines.models import (
+    PACKAGED_MODELS,
     Progress,
     _source,
     _to_stderr,
@@ -70,7 +71,14 @@ from ponder.engines.models import (
 from ponder.engines.runner import Logits, ModelRunner, Prefill, Prefix
 from ponder.errors import ConfigError
 
-__all__ = ["KVCacheFull", "LlamaCppRunner", "available", "gguf_weights", "select_llama_runner"]
+__all__ = [
+    "KVCacheFull",
+    "LlamaCppRunner",
+    "available",
+    "gguf_weights",
+    "llama_weights",
+    "select_llama_runner",
+]
 
 LlamaWeights = Literal["f16", "q8_0", "q4_0", "gguf"]
 #: llama.cpp's ``llama_ftype`` of each requantization
@@ -174,6 +182,15 @@ def gguf_weights(
                 raise ConfigError(f"llama.cpp could not requantize {original} to {weights}")
         made.replace(target)
     return target
+
+
+def llama_weights(settings: Settings) -> LlamaWeights:
+    """The weights ``settings`` ask for; ``auto``: the packaged model's measured choice
+    (:attr:`~ponder.engines.models.PackagedModel.llama_weights`), else f16."""
+    if settings.llama_weights != "auto":
+        return settings.llama_weights
+    packaged = PACKAGED_MODELS.get(settings.model)
+    return packaged.llama_weights if packaged is not None else "f16"
 
 
 def select_llama_runner(
@@ -280,7 +297,7 @@ class LlamaCppRunner(ModelRunner):
     @classmethod
     def load(cls, settings: Settings, progress: Progress | None = None) -> LlamaCppRunner:
         """The runner for ``settings.model``, requantizing its GGUF file on first use."""
-        weights: LlamaWeights = settings.llama_weights
+        weights = llama_weights(settings)
         path = gguf_weights(settings.model, settings.model_cache_dir, weights, progress)
         tokenizer, eos_ids = load_tokenizer(
             checkpoint_dir(settings.model, settings.model_cache_dir, progress), light=True

