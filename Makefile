@@ -31,13 +31,23 @@ $(VENV)/.qwen-installed: $(VENV)/.installed
 ## The llama.cpp runner (optional; PONDER_MODEL_RUNNER=auto then takes it for GGUF models):
 ## llama-cpp-python compiled once into a wheel under .cache/wheels (~8 min on 2 cores), which
 ## `peers` installs too. GGML_NATIVE=OFF because -march=native enables AMX instructions that
-## some VMs advertise but fault on (SIGILL at the first decode); AVX2/FMA/F16C stay on.
-## --no-cache-dir because pip's wheel cache keys on the source, not on CMAKE_ARGS.
+## some VMs advertise but fault on (SIGILL at the first decode); AVX2/FMA/F16C stay on, and
+## the AVX-512 / VNNI / BF16 kernels are built where this CPU lists them (the wheel is for
+## the machine that builds it). --no-cache-dir because pip's wheel cache keys on the
+## source, not on CMAKE_ARGS.
 LLAMA_CPP := llama-cpp-python==0.3.36
 LLAMA_WHEELS := .cache/wheels
+CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
+cpu_has = $(if $(filter-out $(CPU_FLAGS),$(1)),,$(2))
+LLAMA_CMAKE := -DGGML_NATIVE=OFF \
+	$(call cpu_has,avx512f avx512cd avx512vl avx512dq avx512bw,-DGGML_AVX512=ON) \
+	$(call cpu_has,avx512f avx512vbmi,-DGGML_AVX512_VBMI=ON) \
+	$(call cpu_has,avx512f avx512_vnni,-DGGML_AVX512_VNNI=ON) \
+	$(call cpu_has,avx512f avx512_bf16,-DGGML_AVX512_BF16=ON) \
+	$(call cpu_has,avx_vnni,-DGGML_AVX_VNNI=ON)
 $(LLAMA_WHEELS)/.built: | $(VENV)/.installed
 	mkdir -p $(LLAMA_WHEELS)
-	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=2 \
+	CMAKE_ARGS="$(strip $(LLAMA_CMAKE))" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 		$(PY) -m pip wheel -q --no-deps --no-cache-dir $(LLAMA_CPP) -w $(LLAMA_WHEELS)
 	touch $@
 install-llama: $(VENV)/.llama-installed

@@ -25,12 +25,14 @@ context with a **unified** KV cache):
   is only ever called from the model thread).
 
 The weights: the GGUF file requantized once to ``PONDER_LLAMA_WEIGHTS`` and cached
-beside the converted checkpoint: ``f16`` by default, whose greedy answers are those of
-the float32 model (48 of 50 short problems on SmolLM2, 296 of the quality benchmark's
-300: ``bench/results/engine-agreement-*.md``);
-``q8_0`` and ``q4_0`` are faster, but llama.cpp multiplies them with activations
-quantized to 8 bits, which changes a small model's answers (27 and 10 of 50); ``gguf``:
-the file as packaged. The tokenizer and chat template are those of the checkpoint that
+beside the converted checkpoint. ``f16``'s greedy answers are those of the float32
+model (SmolLM2: 48 of 50 short problems, 296 of the quality benchmark's 300;
+``bench/results/engine-agreement-*.md``); ``q8_0`` and ``q4_0`` are smaller and faster,
+but llama.cpp multiplies them with activations quantized to 8 bits, which changes a
+small model's answers (SmolLM2: 27 and 10 of 50) and not always a bigger one's (Qwen
+0.5B on ``q8_0``: 48 of 50, 91 of 100 at float32's accuracy); ``gguf``: the file as
+packaged; ``auto`` (the default): each packaged model's measured choice
+(:func:`llama_weights`). The tokenizer and chat template are those of the checkpoint that
 the other runners use, read without transformers
 (:class:`~ponder.engines.tokenizer.ChatTokenizer`, ~100 MB less resident memory), so
 every runner sees the same token ids.
