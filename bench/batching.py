@@ -560,25 +560,22 @@ async def model_section(budget_s: float = 150.0) -> list[str]:
     os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
     try:
         from ponder.config import load_settings
-        from ponder.engines.transformers import TransformersEngine
+        from ponder.engines.openvino import OpenVINOEngine
     except Exception as e:
-        return [f"Skipped: `ponder.engines.transformers` does not import ({e!r})."]
-    settings = load_settings(engine="transformers")
-    if settings.torch_threads == 0:
-        # torch's default (one thread per core) spin-waits badly when other processes share
-        # the cores; one thread gives steadier figures on a shared machine
-        settings = settings.model_copy(update={"torch_threads": 1})
+        return [f"Skipped: `ponder.engines.openvino` does not import ({e!r})."]
+    # one engine thread gives steadier figures on a shared machine
+    settings = load_settings(engine="openvino", engine_threads=1)
     started = time.monotonic()
     try:
-        engine = TransformersEngine(settings)
+        engine = OpenVINOEngine(settings)
         await asyncio.wait_for(engine.start(), budget_s)
     except Exception as e:
-        return [f"Skipped: `TransformersEngine` did not load model {settings.model!r} ({e!r})."]
+        return [f"Skipped: `OpenVINOEngine` did not load model {settings.model!r} ({e!r})."]
     lines = [
         f"Model `{settings.model}` ({engine.model_name}), loaded in "
         f"{time.monotonic() - started:.1f} s; greedy decoding, up to {MODEL_TOKENS} new tokens "
-        f"per row, distinct prompts, {os.cpu_count()} CPU cores, {settings.torch_threads} torch "
-        f"thread(s) (`PONDER_TORCH_THREADS`); best of {MODEL_REPEATS} calls per batch size.",
+        f"per row, distinct prompts, {os.cpu_count()} CPU cores, {settings.engine_threads} engine "
+        f"thread(s) (`PONDER_ENGINE_THREADS`); best of {MODEL_REPEATS} calls per batch size.",
         "",
         "| batch size | call time (s) | completion tokens | tokens/s | vs batch 1 |",
         "|---:|---:|---:|---:|---:|",

@@ -4,7 +4,7 @@ Run with ``make bench-continuous`` (``.venv/bin/python bench/continuous.py``). W
 ``bench/results/continuous.md`` and ``bench/results/continuous.png``. One run; every ratio
 in the report compares figures of that run, measured side by side (interleaved).
 
-1. **Real model** (SmolLM2-135M, 1 torch thread): one ``TransformersEngine``, used
+1. **Real model** (SmolLM2-135M, 1 engine thread): one ``OpenVINOEngine``, used
    directly (**continuous**, ponder's default) and behind today's ``DynamicBatcher``
    (**static**: whole batches of up to 8, 50 ms wait, length buckets, adaptive; each
    batch held until its slowest row ends — ``PONDER_BATCHING=static``). Rows come from a
@@ -200,9 +200,9 @@ async def drive_model(
 
 async def saturated_rate(engine: object, rows: int, seconds: float, seed: str) -> float:
     """Tokens/s with ``rows`` rows always in flight (a closed loop over the length mix)."""
-    from ponder.engines.transformers import TransformersEngine
+    from ponder.engines.continuous import ContinuousEngine
 
-    assert isinstance(engine, TransformersEngine)
+    assert isinstance(engine, ContinuousEngine)
     rng = random.Random(seed)
     stop_at = time.monotonic() + seconds
     counter = iter(range(10**9))
@@ -516,10 +516,10 @@ class ModelFigures:
 
 
 async def model_section(args: argparse.Namespace, settings: Settings) -> ModelFigures:
-    from ponder.engines.transformers import TransformersEngine
+    from ponder.engines.openvino import OpenVINOEngine
 
     figures = ModelFigures()
-    engine = TransformersEngine(settings)
+    engine = OpenVINOEngine(settings)
     await engine.start()
     try:
         await engine.submit(SampleRequest(prompt=prompt_for(0), max_new_tokens=8))  # warm-up
@@ -766,7 +766,7 @@ def main() -> None:
     args = parser.parse_args()
     started, started_load = time.monotonic(), load_average()
     log(f"load average {started_load}")
-    settings = load_settings(engine="transformers", torch_threads=1, redis_url=None,
+    settings = load_settings(engine="openvino", engine_threads=1, redis_url=None,
                              sqlite_path=str(ROOT / ".bench-continuous.db"))  # fmt: skip
     args.default_rows = settings.engine_max_rows
     RESULTS.mkdir(parents=True, exist_ok=True)

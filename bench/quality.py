@@ -429,11 +429,11 @@ def command_line() -> str:
 
 
 def machine() -> str:
-    import torch
+    from importlib.metadata import version
 
     return (
         f"{platform.machine()}, {os.cpu_count()} CPUs (shared with other work), Python "
-        f"{platform.python_version()}, torch {torch.__version__}"
+        f"{platform.python_version()}, openvino-genai {version('openvino-genai')}"
     )
 
 
@@ -801,7 +801,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--batch-max-size", type=int, default=16, help="PONDER_ENGINE_MAX_ROWS: rows at once"
     )
-    parser.add_argument("--torch-threads", type=int, default=1)
+    parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--in-flight", type=int, default=3, help="problems run at once")
     parser.add_argument("--peer-limit", type=int, default=100)
     parser.add_argument("--live-limit", type=int, default=20)

@@ -2,7 +2,7 @@
 (``bench/quality.py collect`` runs it).
 
 For each problem two tasks run through the real service code (``WorkerRuntime`` over the
-embedded SQLite store: the strategy's prompts and plan, the batcher, the transformers
+embedded SQLite store: the strategy's prompts and plan, the batcher, the openvino
 engine, the judging): a ``standard`` task of ``STANDARD_SAMPLES`` samples (sample 0 is
 greedy, the rest at ``--temperature``) and a ``deep`` task of ``DEEP_SAMPLES`` samples
 over its reasoning paths, both with early stopping off. Each problem's record (every
@@ -31,8 +31,10 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 
-DATASETS = ("gsm_symbolic", "basic_arithmetic", "chain_sum", "family_relationships")
-TASK_TYPES = {"family_relationships": "text"}
+DATASETS = (
+    "gsm_symbolic", "basic_arithmetic", "chain_sum", "family_relationships", "arithmetic_choice",
+)  # fmt: skip
+TASK_TYPES = {"family_relationships": "text", "arithmetic_choice": "choice"}
 SEED = 20261202
 SEED_STRIDE = 1_000_003
 #: standard: greedy + 8 sampled; replays of N = 1..9 take prefixes of this list
@@ -68,6 +70,49 @@ class Problem:
         return f"{self.dataset}/{self.index}"
 
 
+class ArithmeticChoice:
+    """A multiple-choice set built offline: reasoning-gym ``basic_arithmetic`` problems
+    (two or three terms, up to two digits), each with its answer and three distractors
+    near it (off by one, by ten, the sign or digits swapped) as options A-D in a shuffled
+    order; the expected answer is the letter. Scored by the letter alone."""
+
+    def __init__(self, size: int, seed: int) -> None:
+        import random
+
+        import reasoning_gym
+
+        source = reasoning_gym.create_dataset(
+            "basic_arithmetic", size=size, seed=seed, min_terms=2, max_terms=3,
+            min_digits=1, max_digits=2, operators=("+", "-", "*"), allow_parentheses=False,
+            allow_negation=False,
+        )  # fmt: skip
+        self.entries: list[dict[str, Any]] = []
+        for i, entry in enumerate(source):
+            rng = random.Random(seed * 7919 + i)
+            answer = int(entry["answer"])
+            swapped = int(str(abs(answer))[::-1]) * (1 if answer >= 0 else -1)
+            near = [answer + 1, answer - 1, answer + 10, answer - 10, -answer, swapped, 2 * answer]
+            distractors = rng.sample(sorted({n for n in near if n != answer}), 3)
+            options = [answer, *distractors]
+            rng.shuffle(options)
+            letter = "ABCD"[options.index(answer)]
+            lines = "\n".join(f"{'ABCD'[k]}) {n}" for k, n in enumerate(options))
+            question = entry["question"].split("\n")[0].rstrip()
+            self.entries.append({
+                "question": f"{question}\n{lines}\nAnswer with the letter of the correct option.",
+                "answer": letter,
+            })  # fmt: skip
+
+    def __len__(self) -> int:
+        return len(self.entries)
+
+    def __getitem__(self, index: int) -> dict[str, Any]:
+        return self.entries[index]
+
+    def score_answer(self, answer: str, entry: dict[str, Any]) -> float:
+        return 1.0 if answer.strip().upper() == entry["answer"] else 0.0
+
+
 class Scorer:
     """reasoning-gym's own ``score_answer`` for each dataset (the entries regenerated from
     the seed, so records need not carry them)."""
@@ -75,8 +120,10 @@ class Scorer:
     def __init__(self, datasets: Sequence[str], size: int, seed: int) -> None:
         import reasoning_gym
 
-        self.sets = {
-            name: reasoning_gym.create_dataset(
+        self.sets: dict[str, Any] = {
+            name: ArithmeticChoice(size, seed + SEED_STRIDE * k)
+            if name == "arithmetic_choice"
+            else reasoning_gym.create_dataset(
                 name, size=size, seed=seed + SEED_STRIDE * k, **EASY.get(name, {})
             )
             for k, name in enumerate(datasets)
@@ -148,12 +195,12 @@ def bench_settings(workdir: Path, model: str, batch: int, threads: int) -> Any:
         "max_timeout_s": TASK_TIMEOUT_S,
     }
     return load_settings(
-        engine="transformers",
+        engine="openvino",
         model=model,
         redis_url=None,
         sqlite_path=str(workdir / "collect.db"),
         node_id="qbench",
-        torch_threads=threads,
+        engine_threads=threads,
         engine_max_rows=batch,
         worker_max_tasks=256,
         max_pending=100_000,
@@ -219,7 +266,7 @@ async def running_service(args: Any, prefix: str) -> AsyncIterator[tuple[Any, An
     from ponder.store import create_store
 
     workdir = Path(tempfile.mkdtemp(prefix=prefix))
-    settings = bench_settings(workdir, args.model, args.batch_max_size, args.torch_threads)
+    settings = bench_settings(workdir, args.model, args.batch_max_size, args.engine_threads)
     store = create_store(settings)
     await store.start()
     runtime = WorkerRuntime(settings, store, workers=1)

@@ -1,6 +1,6 @@
 """The peer: optillm's ``self_consistency`` in front of ponder's OpenAI-compatible route.
 
-``ponder serve`` runs as a subprocess (transformers engine, the benchmark's model, an
+``ponder serve`` runs as a subprocess (openvino engine, the benchmark's model, an
 SQLite store in a temporary directory); optillm (from ``.venv-optillm`` or
 ``.venv-peers``; never a dependency of ponder) runs as a proxy in front of its ``/v1``
 with model ``ponder-fast``: each of optillm's upstream calls is one fast-mode ponder task
@@ -48,12 +48,12 @@ def ponder_env(workdir: Path, port: int, model: str, batch: int, threads: int) -
     env.update(
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
-        PONDER_ENGINE="transformers",
+        PONDER_ENGINE="openvino",
         PONDER_MODEL=model,
         PONDER_SQLITE_PATH=str(workdir / "q.db"),
         PONDER_PORT=str(port),
         PONDER_ENGINE_MAX_ROWS=str(batch),
-        PONDER_TORCH_THREADS=str(threads),
+        PONDER_ENGINE_THREADS=str(threads),
         PONDER_WORKER_MAX_TASKS="64",
         PONDER_MAX_PENDING="2000",
         PONDER_LOG_LEVEL="warning",
@@ -216,7 +216,7 @@ async def run_peer(args: Any, records: list[dict[str, Any]], out: Path) -> str:
     if not todo:
         return "measured"
     workdir = Path(tempfile.mkdtemp(prefix="ponder-optillm-"))
-    server = Server(workdir, args.model, args.batch_max_size, args.torch_threads)
+    server = Server(workdir, args.model, args.batch_max_size, args.engine_threads)
     peer = Optillm(workdir, server.url)
     started = time.monotonic()
     try:

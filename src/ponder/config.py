@@ -268,46 +268,38 @@ class Settings(BaseSettings):
 
     # --- engine -----------------------------------------------------------------------
     engine: str = Field(
-        default="transformers",
-        description="engine name: transformers (local model), openai, or scripted (test double)",
+        default="openvino",
+        description="engine name: openvino (local model, OpenVINO GenAI in an engine process "
+        "of its own), transformers (local model on torch: the hf extra), openai, or "
+        "scripted (test double)",
     )
     model: str = Field(
         default="smollm2-135m",
-        description="transformers engine: a packaged model name, a directory or a .gguf file",
+        description="local engines: a packaged model name (smollm2-135m, qwen0.5b), a .gguf "
+        "file, or (transformers engine) a checkpoint directory",
     )
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
-    model_runner: Literal["auto", "llama", "native", "hf"] = Field(
+    engine_weights: Literal["auto", "f16", "gguf"] = Field(
         default="auto",
-        description="transformers engine's forward pass: llama (llama.cpp, GGUF models; "
-        "the extra of `make install-llama`), native (ponder's own, Llama and Qwen2 "
-        "models), hf (transformers' modelling code, any causal LM); auto: llama where "
-        "installed and the model is GGUF, else native where it applies, else hf",
+        description="openvino engine's weights, written once into the model cache: f16 "
+        "(every tensor dequantized to float16: the answers of the float32 model), gguf (the "
+        "file's own quantized tensors, those OpenVINO cannot read repacked to q8_0: smaller "
+        "and faster, but the answers change: qwen0.5b kept 39 of 50); auto: a packaged model's "
+        "measured choice (f16 for both), else f16",
     )
-    llama_weights: Literal["auto", "f16", "q8_0", "q4_0", "gguf"] = Field(
-        default="auto",
-        description="llama runner's weights: the GGUF file requantized once (cached) to "
-        "f16 (greedy answers as float32's), q8_0 or q4_0 (smaller and faster alone, but "
-        "llama.cpp quantizes activations too, which changes small models' answers), or "
-        "gguf: the file as it is; auto: a packaged model's measured choice (qwen0.5b: "
-        "q8_0), else f16",
-    )
-    llama_kv_tokens: int = Field(
+    engine_kv_tokens: int = Field(
         default=0,
         ge=0,
-        description="llama runner's KV cache, in positions over all rows (allocated at "
+        description="openvino engine's KV cache, in positions over all rows (allocated at "
         "start); 0: 1024 per row of engine_max_rows",
     )
-    model_weights: Literal["float32", "int8"] = Field(
-        default="float32",
-        description="native runner's weights: int8 is several times faster and smaller but "
-        "changes greedy answers of small models (bench/results/engine-agreement-short.md)",
-    )
-    torch_threads: int = Field(
+    engine_threads: int = Field(
         default_factory=lambda: max(1, min(4, (os.cpu_count() or 2) // 2)),
         ge=0,
-        description="torch CPU threads (default: half the cores, 1..4); 0 = torch's own choice",
+        description="CPU threads of a local engine's model (default: half the cores, 1..4); "
+        "0 = the library's own choice",
     )
     openai_base_url: str = Field(
         default="http://127.0.0.1:8001/v1", description="openai engine: server base URL"

@@ -15,6 +15,7 @@ __all__ = ["ENGINES", "BaseEngine", "SampleOutput", "SampleRequest", "create_eng
 #: so that the API process never imports torch.
 ENGINES: dict[str, str] = {
     "scripted": "ponder.engines.scripted:ScriptedEngine",
+    "openvino": "ponder.engines.openvino:OpenVINOEngine",
     "transformers": "ponder.engines.transformers:TransformersEngine",
     "openai": "ponder.engines.openai:OpenAIEngine",
 }

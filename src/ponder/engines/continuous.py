@@ -124,6 +124,8 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     #: the engine's row type (a :class:`Row` subclass with the engine's own state)
     row_class: type[R]
+    #: whether a row's prefill samples its first token (else its first step does)
+    first_token_at_prefill: bool = True
 
     def __init__(
         self,
@@ -309,7 +311,8 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         if self._joining:
             ready = self._prefill(self._joining, now)
             if ready:
-                self.stats.tokens += len(ready)  # each sampled its first token
+                if self.first_token_at_prefill:
+                    self.stats.tokens += len(ready)
                 if self._running:
                     self.stats.joined_running += len(ready)
                 self._running += ready
@@ -317,10 +320,10 @@ class ContinuousEngine(BaseEngine, Generic[R]):
                 self._joining = [r for r in self._joining if r not in ready_set]
         stepping = [r for r in self._running if r.ready_at <= now and r.finish is None]
         if stepping:
-            self._step(stepping)
+            produced = self._step(stepping)
             self.stats.steps += 1
             self.stats.rows_stepped += len(stepping)
-            self.stats.tokens += len(stepping)
+            self.stats.tokens += len(stepping) if produced is None else produced
             self.stats.max_rows_seen = max(self.stats.max_rows_seen, len(stepping))
         ended = [r for r in self._joining + self._running if r.finish is not None]
         if ended:
@@ -483,9 +486,10 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         whose first token ends it is not joined: set its ``finish`` instead."""
 
     @abstractmethod
-    def _step(self, rows: list[R]) -> None:
+    def _step(self, rows: list[R]) -> int | None:
         """One decode step for ``rows`` (running, ready, in batch order); set
-        ``row.finish`` on rows that ended. Fail rows with :meth:`_fail` on an error."""
+        ``row.finish`` on rows that ended. Fail rows with :meth:`_fail` on an error.
+        The tokens it produced (None: one per row)."""
 
     @abstractmethod
     def _drop(self, keep: list[int]) -> None:

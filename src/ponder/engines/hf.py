@@ -1,9 +1,8 @@
 """The generic runner: any Hugging Face causal LM through transformers and torch.
 
 :class:`HFRunner` implements the :class:`~ponder.engines.runner.ModelRunner` seam with the
-model's own forward pass and a transformers ``DynamicCache``; the engine takes it for a
-checkpoint that neither the llama.cpp runner nor the native one computes
-(``PONDER_MODEL_RUNNER=hf`` insists on it).
+model's own forward pass and a transformers ``DynamicCache`` (the transformers engine's,
+``PONDER_ENGINE=transformers``, with the ``hf`` extra).
 """
 
 from __future__ import annotations

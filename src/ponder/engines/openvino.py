@@ -1,0 +1,360 @@
+"""The default local engine: OpenVINO GenAI's continuous-batching pipeline in an engine
+process of its own, under ponder's scheduler.
+
+``PONDER_ENGINE=openvino`` (the default). The model runs in a child process
+(:mod:`ponder.engines.openvino_process`: OpenVINO GenAI's ``ContinuousBatchingPipeline``,
+f32 inference, ``PONDER_ENGINE_THREADS`` threads); this side is a
+:class:`~ponder.engines.continuous.ContinuousEngine`, so ponder keeps its own admission:
+weighted fair share across priorities, ``PONDER_ENGINE_MAX_ROWS`` rows at once, preemption
+of a less urgent row, per-row time limits and cancellation at the next step. Each
+iteration of the loop is one round trip: the rows that join and the rows that leave go to
+the process with one ``step`` request, and the tokens each row generated in that step
+come back.
+
+- **Per-row sampling in the pipeline**: temperature, top_p and the row's seed
+  (``rng_seed``); greedy rows take the argmax. With the default f16 weights (f32 compute)
+  a row's text is the same alone and in any batch (``batch_invariant``); quantized
+  weights (``PONDER_ENGINE_WEIGHTS=gguf``) use dynamic int8 activations, whose kernels
+  depend on the batch: their seeded rows may differ across batches.
+- **Text on this side**: ponder's tokenizer and chat template (read from the GGUF file
+  without transformers) make the token ids; generated tokens become text here, so stop
+  strings, streaming (``on_text``) and token counts are the same as every local engine's
+  (:class:`~ponder.engines.textrows.TokenRow`). The log-probability of each chosen token
+  comes from the pipeline.
+- **Shared prefill**: the pipeline's prefix cache (on unless
+  ``PONDER_ENGINE_PREFIX_CACHE_MB=0``) keeps computed prompt blocks, so the samples of one
+  task, a task's later waves and a re-added row reuse their prompt. A preempted row is
+  re-added with its prompt and its tokens so far; a sampled row's seed then continues as
+  ``seed + tokens so far`` (its text is not the one it would have had without
+  preemption).
+- **A fault stays in the process**: if the engine process dies (a native crash, a kill)
+  or does not answer a step within ``_STEP_TIMEOUT_S``, a new process starts at the next
+  step and the rows it held resume there from their tokens so far (as after a
+  preemption); a row that was running when a process died before fails instead, with an
+  :class:`~ponder.errors.EngineError` naming the cause, since it may be what crashes it.
+  The event loop never waits on any of this: it happens in the engine's model thread.
+
+The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over all rows
+(0: 1,024 per row of ``PONDER_ENGINE_MAX_ROWS``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import secrets
+import socket
+import subprocess
+import sys
+from dataclasses import dataclass
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from ponder.config import Settings
+from ponder.engines import openvino_process
+from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.engines.continuous import ContinuousEngine
+from ponder.engines.gguf_weights import Weights
+from ponder.engines.models import PACKAGED_MODELS, engine_files
+from ponder.engines.textrows import TokenRow, encode_prompt
+from ponder.errors import ConfigError, EngineError
+
+__all__ = ["OpenVINOEngine", "engine_weights"]
+
+#: positions of the KV cache per row when PONDER_ENGINE_KV_TOKENS is 0
+_KV_PER_ROW = 1024
+#: the pipeline's KV block on the CPU, in positions
+_BLOCK = 32
+#: how long the process may take to load the model, and to answer one step
+_LOAD_TIMEOUT_S = 600.0
+_STEP_TIMEOUT_S = 300.0
+#: how long a closing process has to exit before it is killed
+_EXIT_TIMEOUT_S = 10.0
+_IGNORED = (
+    "the engine could not schedule the row: its prompt and tokens exceed the KV cache "
+    "(raise PONDER_ENGINE_KV_TOKENS)"
+)
+
+
+@dataclass(eq=False)
+class _Row(TokenRow):
+    """One request as the engine sees it."""
+
+    #: the pipeline's request id, once the row was sent to the process (None: not yet)
+    request_id: int | None = None
+    #: the seed the pipeline samples with (None: greedy)
+    seed: int | None = None
+    #: how many engine processes died while running it
+    crashes: int = 0
+
+
+class OpenVINOEngine(ContinuousEngine["_Row"]):
+    """The default local engine; see the module docstring.
+
+    ``start()`` writes the model's cache entry the first time and starts the engine
+    process; ``close()`` fails the rows in flight (EngineDeadError) and ends the process.
+    """
+
+    name = "openvino"
+    row_class = _Row
+    first_token_at_prefill = False
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(
+            max_rows=settings.engine_max_rows,
+            max_queue=settings.engine_max_queue,
+            max_wait_ms=settings.engine_max_wait_ms,
+            quotas=settings.priority_quotas,
+            preempt_after_ms=settings.engine_preempt_after_ms,
+        )
+        self.model_name = settings.model
+        self._settings = settings
+        self.weights = engine_weights(settings)
+        self.restarts = 0
+        self._tokenizer: Any = None
+        #: a second tokenizer for prompt_length(), which runs on the event loop's thread
+        self._length_tokenizer: Any = None
+        self._eos_ids: frozenset[int] = frozenset()
+        self._context_length = 0
+        self._config: dict[str, Any] = {}
+        self._process: subprocess.Popen[bytes] | None = None
+        self._conn: Connection | None = None
+        self._next_id = 0
+        #: rows sent to the process, by request id
+        self._sent: dict[int, _Row] = {}
+        self._adds: list[tuple[int, list[int], dict[str, Any]]] = []
+        self._drops: list[int] = []
+
+    @property
+    def batch_invariant(self) -> bool:
+        """Whether a row's text is the same alone and in any batch (see the module doc)."""
+        return self.weights == "f16"
+
+    @property
+    def process_pid(self) -> int | None:
+        """The engine process's pid (None: none runs)."""
+        return self._process.pid if self._process is not None else None
+
+    def describe(self) -> dict[str, Any]:
+        return {
+            **super().describe(),
+            "weights": self.weights,
+            "process_pid": self.process_pid,
+            "process_restarts": self.restarts,
+        }
+
+    def prompt_length(self, request: SampleRequest) -> int:
+        """The templated prompt's length in tokens (characters before the model is loaded)."""
+        if self._length_tokenizer is None:
+            return super().prompt_length(request)
+        try:
+            return len(encode_prompt(self._length_tokenizer, request))
+        except EngineError:
+            return super().prompt_length(request)
+
+    # --- set-up (model thread) --------------------------------------------------------
+    def _setup(self) -> None:
+        import copy
+
+        from ponder.engines.tokenizer import ChatTokenizer
+
+        settings = self._settings
+        files = engine_files(settings.model, settings.model_cache_dir, self.weights)
+        self._tokenizer = ChatTokenizer(files)
+        self._length_tokenizer = copy.deepcopy(self._tokenizer)
+        self._context_length, self._eos_ids = _model_facts(files / "model.gguf")
+        if self._tokenizer.eos_token_id is not None:
+            self._eos_ids |= {self._tokenizer.eos_token_id}
+        kv_tokens = settings.engine_kv_tokens or _KV_PER_ROW * settings.engine_max_rows
+        self._config = {
+            "path": str(files / "model.gguf"),
+            "threads": settings.engine_threads,
+            "max_rows": settings.engine_max_rows,
+            "kv_blocks": math.ceil(kv_tokens / _BLOCK),
+            "step_tokens": max(settings.engine_step_tokens, settings.engine_max_rows),
+            "prefix_caching": settings.engine_prefix_cache_mb > 0,
+        }
+        self._spawn()
+
+    def _spawn(self) -> None:
+        """Start the engine process and wait until its pipeline is built."""
+        ours, theirs = socket.socketpair()
+        with ours, theirs:
+            process = subprocess.Popen(
+                # -P: the script's folder (which holds this module, openvino.py) is not put on
+                # sys.path, where it would hide the openvino package
+                [sys.executable, "-P", openvino_process.__file__, str(theirs.fileno())],
+                pass_fds=[theirs.fileno()],
+                stdin=subprocess.DEVNULL,
+            )
+            conn = Connection(ours.detach())
+        self._process, self._conn = process, conn
+        conn.send(self._config)
+        answer = self._receive(_LOAD_TIMEOUT_S, "load the model")
+        if answer[0] != "ready":
+            self._end_process()
+            raise ConfigError(f"the openvino engine cannot load {self.model_name}: {answer[1]}")
+
+    def _teardown(self) -> None:
+        conn = self._conn
+        if conn is not None:
+            with contextlib.suppress(OSError):
+                conn.send(("close",))
+        self._end_process()
+
+    def _end_process(self) -> None:
+        process, conn = self._process, self._conn
+        self._process, self._conn = None, None
+        if conn is not None:
+            conn.close()
+        if process is not None:
+            try:
+                process.wait(_EXIT_TIMEOUT_S)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait(_EXIT_TIMEOUT_S)
+
+    def _receive(self, timeout_s: float, doing: str) -> tuple[Any, ...]:
+        """The process's next answer; _ProcessLost when it died or did not answer in time."""
+        conn, process = self._conn, self._process
+        assert conn is not None and process is not None
+        try:
+            if conn.poll(timeout_s):
+                answer: tuple[Any, ...] = conn.recv()
+                return answer
+        except (EOFError, OSError):
+            pass
+        try:
+            code = process.wait(_EXIT_TIMEOUT_S)
+            cause = f"died ({_exit_cause(code)})"
+        except subprocess.TimeoutExpired:
+            process.kill()
+            cause = f"did not {doing} within {timeout_s:g} s and was killed"
+        raise _ProcessLost(f"the openvino engine process {cause}")
+
+    # --- rows -------------------------------------------------------------------------
+    def _open(self, row: _Row) -> None:
+        row.open_text(self._tokenizer, self._context_length)
+        request = row.request
+        if request.temperature > 0:
+            row.seed = secrets.randbits(63) if request.seed is None else request.seed % 2**63
+
+    def _prefill(self, rows: list[_Row], now: float) -> list[_Row]:
+        """Every admitted row goes to the process with the next step."""
+        for row in rows:
+            self._send(row)
+        return list(rows)
+
+    def _send(self, row: _Row) -> None:
+        request_id, self._next_id = self._next_id, self._next_id + 1
+        row.request_id = request_id
+        self._sent[request_id] = row
+        done = len(row.tokens)  # a preempted row resumes after its tokens so far
+        seed = None if row.seed is None else (row.seed + done) % 2**63
+        params = {
+            "max_new_tokens": row.max_new_tokens - done,
+            "eos_ids": sorted(self._eos_ids),
+            "temperature": row.request.temperature,
+            "top_p": row.request.top_p,
+            "seed": seed,
+        }
+        self._adds.append((request_id, row.prompt_ids + row.tokens, params))
+
+    def _step(self, rows: list[_Row]) -> int:
+        if self._conn is None:
+            self.restarts += 1
+            self._spawn()  # ConfigError here ends the engine: it cannot load any more
+        adds, drops = self._adds, self._drops
+        self._adds, self._drops = [], []
+        sent = list(self._sent.values())
+        try:
+            assert self._conn is not None
+            self._conn.send(("step", adds, drops))
+            answer = self._receive(_STEP_TIMEOUT_S, "answer a step")
+        except (_ProcessLost, OSError) as e:
+            self._end_process()
+            self._crashed(sent, str(e))
+            return 0
+        if answer[0] == "failed":
+            self._sent.clear()
+            self._fail(sent, EngineError(f"generation failed: {answer[1]}"))
+            return 0
+        _, produced, ended = answer
+        tokens = 0
+        for request_id, (ids, logprobs) in produced.items():
+            row = self._sent.get(request_id)
+            for token, logprob in zip(ids, logprobs, strict=True):
+                if row is None or row.finish is not None:
+                    break
+                row.append(token, logprob, self._eos_ids)
+                tokens += 1
+        for request_id, why in ended.items():
+            row = self._sent.pop(request_id, None)
+            if row is None or row.finish is not None:
+                continue
+            if why == "ignored":
+                self._fail([row], EngineError(_IGNORED))
+            else:
+                row.finish = "length" if len(row.tokens) >= row.max_new_tokens else "stop"
+        return tokens
+
+    def _crashed(self, rows: list[_Row], cause: str) -> None:
+        """The process died under ``rows``: each resumes in the next process from its tokens
+        so far, once; a row the process died under before fails (it may be the cause)."""
+        self._sent.clear()
+        again = [row for row in rows if row.finish is None and row.crashes > 0]
+        self._fail(again, EngineError(f"{cause} under this row twice; the process restarts"))
+        for row in rows:
+            if row.finish is None:
+                row.crashes += 1
+                self._send(row)
+
+    def _drop(self, keep: list[int]) -> None:
+        kept = {id(self._running[i]) for i in keep}
+        for row in self._running:
+            if id(row) in kept or row.request_id is None:
+                continue
+            if self._sent.pop(row.request_id, None) is not None:
+                self._drops.append(row.request_id)
+            row.request_id = None
+
+    def _output(self, row: _Row) -> SampleOutput:
+        return row.output(self._tokenizer)
+
+
+class _ProcessLost(RuntimeError):
+    """The engine process died or stopped answering."""
+
+
+def engine_weights(settings: Settings) -> Weights:
+    """The weights ``PONDER_ENGINE_WEIGHTS`` names; ``auto``: a packaged model's measured
+    choice (:attr:`~ponder.engines.models.PackagedModel.engine_weights`), else f16."""
+    if settings.engine_weights != "auto":
+        return settings.engine_weights
+    packaged = PACKAGED_MODELS.get(settings.model)
+    return packaged.engine_weights if packaged is not None else "f16"
+
+
+def _model_facts(path: Path) -> tuple[int, frozenset[int]]:
+    """The model's context length and its end-of-sequence token ids, from its metadata."""
+    import gguf
+
+    reader = gguf.GGUFReader(path)
+    fields = reader.fields
+    arch = fields["general.architecture"].contents()
+    context = fields.get(f"{arch}.context_length")
+    if context is None:
+        raise ConfigError(f"{path} does not say its context length ({arch}.context_length)")
+    eos = {
+        int(field.contents())
+        for key in ("tokenizer.ggml.eos_token_id", "tokenizer.ggml.eot_token_id")
+        if (field := fields.get(key)) is not None
+    }
+    return int(context.contents()), frozenset(eos)
+
+
+def _exit_cause(code: int) -> str:
+    if code < 0:
+        return f"signal {-code}"
+    return f"exit code {code}"

@@ -1,0 +1,137 @@
+"""The engine process: OpenVINO GenAI's continuous-batching pipeline, driven over a pipe.
+
+The openvino engine (``engines/openvino.py``) runs this file as a program of its own
+(``python openvino_process.py FD``), as vLLM v1 runs its EngineCore, so a native fault in
+the model library (a SIGFPE, an abort) ends this process alone. The engine keeps ponder's
+scheduling (admission by fair share, preemption, time limits, stop strings, streaming
+text); this process only runs the model. It is started by path, not as a module of the
+package: it imports nothing of ponder (numpy and OpenVINO alone), and nothing of the
+parent's ``__main__``. It ignores SIGINT: the engine ends it (``close``, or its end of the
+socket closing), so a Ctrl-C of the service reaches the service alone.
+
+The protocol, one request and one answer at a time over a
+:class:`multiprocessing.connection.Connection` on the socket FD it inherits:
+
+- the engine's first message is the pipeline's configuration; this side answers
+  ``("ready", {})``, or ``("error", message)`` when the pipeline cannot be built (then it
+  exits);
+- ``("step", adds, drops)``: ``drops`` are request ids to end now (cancelled, stopped by a
+  stop string, preempted); ``adds`` are ``(request_id, token_ids, params)`` to start; then
+  one pipeline step (prefill for newcomers, a decode token for running rows, as the
+  pipeline schedules them). Answer ``("step", produced, ended)``: ``produced`` maps a
+  request id to ``(token_ids, logprobs)`` generated in that step, ``ended`` maps the ids
+  the pipeline ended to why (``"finished"``, or ``"ignored"``: it could not schedule the
+  request, e.g. a prompt larger than the KV cache). ``("failed", message)`` when the step
+  raised: every request is dropped;
+- ``("close",)``: exit.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+from multiprocessing.connection import Connection
+from typing import Any
+
+__all__ = ["serve"]
+
+
+def main() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    conn = Connection(int(sys.argv[1]))
+    try:
+        serve(conn, conn.recv())
+    except EOFError:  # the engine went away before sending the configuration
+        pass
+    finally:
+        conn.close()
+
+
+def serve(conn: Connection, config: dict[str, Any]) -> None:
+    """Build the pipeline from ``config`` and answer the engine until it closes."""
+    try:
+        import numpy
+        import openvino
+        import openvino_genai as genai
+
+        pipe = _pipeline(genai, config)
+    except Exception as e:
+        conn.send(("error", " ".join(f"{type(e).__name__}: {e}".split())))
+        return
+    conn.send(("ready", {}))
+    handles: dict[int, Any] = {}
+    running = genai.GenerationStatus.RUNNING
+    ignored = genai.GenerationStatus.IGNORED
+    while True:
+        try:
+            message = conn.recv()
+        except EOFError:  # the engine went away
+            return
+        if message[0] == "close":
+            return
+        _, adds, drops = message
+        for request_id in drops:
+            handle = handles.pop(request_id, None)
+            if handle is not None:
+                handle.stop()
+        try:
+            for request_id, ids, params in adds:
+                tensor = openvino.Tensor(numpy.asarray([ids], dtype=numpy.int64))
+                handles[request_id] = pipe.add_request(
+                    request_id, tensor, _generation_config(genai, params)
+                )
+            pipe.step()
+        except Exception as e:
+            for handle in handles.values():
+                handle.stop()
+            handles.clear()
+            conn.send(("failed", " ".join(f"{type(e).__name__}: {e}".split())))
+            continue
+        produced: dict[int, tuple[list[int], list[float]]] = {}
+        ended: dict[int, str] = {}
+        for request_id, handle in list(handles.items()):
+            if handle.can_read():
+                for output in handle.read().values():  # one sequence per request
+                    produced[request_id] = (
+                        list(output.generated_ids),
+                        list(output.generated_log_probs),
+                    )
+            status = handle.get_status()
+            if status != running and not handle.can_read():
+                del handles[request_id]
+                ended[request_id] = "ignored" if status == ignored else "finished"
+        conn.send(("step", produced, ended))
+
+
+def _pipeline(genai: Any, config: dict[str, Any]) -> Any:
+    scheduler = genai.SchedulerConfig()
+    scheduler.cache_size = 0
+    scheduler.num_kv_blocks = config["kv_blocks"]
+    scheduler.max_num_seqs = config["max_rows"]
+    scheduler.max_num_batched_tokens = config["step_tokens"]
+    scheduler.dynamic_split_fuse = True
+    scheduler.enable_prefix_caching = config["prefix_caching"]
+    # f32 compute and an f32 KV cache: the CPU plugin's defaults (bf16 where the CPU has it,
+    # a u8 KV cache) change a small model's greedy answers (SmolLM2: 47 of 50 short
+    # answers as float32's with the u8 or f16 cache, 48 with f32)
+    properties: dict[str, Any] = {"INFERENCE_PRECISION_HINT": "f32", "KV_CACHE_PRECISION": "f32"}
+    if config["threads"] > 0:
+        properties["INFERENCE_NUM_THREADS"] = config["threads"]
+    return genai.ContinuousBatchingPipeline(config["path"], scheduler, "CPU", properties)
+
+
+def _generation_config(genai: Any, params: dict[str, Any]) -> Any:
+    generation = genai.GenerationConfig()
+    generation.max_new_tokens = params["max_new_tokens"]
+    generation.stop_token_ids = set(params["eos_ids"])
+    generation.logprobs = 1
+    if params["temperature"] > 0:
+        generation.do_sample = True
+        generation.temperature = params["temperature"]
+        generation.top_p = params["top_p"]
+        generation.rng_seed = params["seed"]
+    return generation
+
+
+if __name__ == "__main__":
+    main()
