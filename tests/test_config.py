@@ -4,7 +4,6 @@ import os
 import re
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -50,6 +49,9 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PONDER_MODES", "{not json", "PONDER_MODES: not valid JSON"),
         ("PONDER_MODES__DEEP__PATHS", "cot", "PONDER_MODES__DEEP__PATHS: not valid JSON"),
         ("PONDER_SANDBOX_ISOLATION", "docker", "'auto', 'bwrap' or 'rlimits'"),
+        ("PONDER_ENGINE_WEIGHTS", "q8_0", "ENGINE_WEIGHTS=q8_0: Input should be 'f16' or 'gguf'"),
+        ("PONDER_ENGINE_KV_TOKENS", "-1", "PONDER_ENGINE_KV_TOKENS=-1"),
+        ("PONDER_ENGINE_THREADS", "many", "PONDER_ENGINE_THREADS=many"),
     ],
 )
 def test_bad_values_say_what_to_change(
@@ -245,13 +247,28 @@ def test_static_batches_must_fit_the_engine() -> None:
     assert fits.batching == "static"
 
 
-def test_auto_llama_weights_are_each_packaged_models_measured_choice(tmp_path: Path) -> None:
-    from ponder.engines.llamacpp import llama_weights
+def test_the_default_engine_is_the_openvino_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    s = load_settings()
+    assert (s.engine, s.model, s.engine_weights, s.engine_kv_tokens) == (
+        "openvino",
+        "smollm2-135m",
+        "f16",
+        0,
+    )
+    assert 1 <= s.engine_threads <= 4
+    monkeypatch.setenv("PONDER_ENGINE_THREADS", "3")
+    monkeypatch.setenv("PONDER_ENGINE_WEIGHTS", "gguf")
+    monkeypatch.setenv("PONDER_ENGINE_KV_TOKENS", "4096")
+    s = load_settings()
+    assert (s.engine_threads, s.engine_weights, s.engine_kv_tokens) == (3, "gguf", 4096)
 
-    assert load_settings().llama_weights == "auto"
-    assert llama_weights(load_settings(model="smollm2-135m")) == "f16"
-    assert llama_weights(load_settings(model="qwen0.5b")) == "q8_0"
-    assert llama_weights(load_settings(model=str(tmp_path / "other.gguf"))) == "f16"
-    # an explicit choice is kept, whatever the model
-    assert llama_weights(load_settings(model="qwen0.5b", llama_weights="f16")) == "f16"
-    assert llama_weights(load_settings(model="smollm2-135m", llama_weights="gguf")) == "gguf"
+
+def test_a_setting_of_an_earlier_version_names_its_replacement(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("PONDER_TORCH_THREADS", "2")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == (
+        "invalid configuration: PONDER_TORCH_THREADS is gone: set PONDER_ENGINE_THREADS"
+    )

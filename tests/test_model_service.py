@@ -1,4 +1,5 @@
-"""The whole service on the real local model: HTTP in, model text out."""
+"""The whole service on the real local model (the default engine, OpenVINO GenAI's pipeline in
+an engine process of its own): HTTP in, model text out."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ pytestmark = [pytest.mark.model, pytest.mark.slow, pytest.mark.timeout(300)]
 
 
 async def test_a_task_ends_done_with_model_text(sqlite_settings: Settings) -> None:
-    settings = sqlite_settings.model_copy(update={"engine": "transformers", "torch_threads": 1})
+    settings = sqlite_settings.model_copy(update={"engine": "openvino", "engine_threads": 1})
     async with (
         LiveServer(settings, workers=1) as live,
         httpx.AsyncClient(base_url=live.url, timeout=30) as client,

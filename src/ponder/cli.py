@@ -60,6 +60,12 @@ def _logging() -> None:
     )
 
 
+def _engine_line(settings: Settings) -> str:
+    if settings.engine in ("openvino", "transformers"):
+        return f"{settings.engine} ({settings.model}, {settings.engine_threads} thread(s))"
+    return settings.engine
+
+
 def _serve_http(settings: Settings, workers: int) -> None:
     import uvicorn
 
@@ -74,7 +80,7 @@ def _serve_http(settings: Settings, workers: int) -> None:
     store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{settings.host}:{settings.port} — store: {store}; "
-        f"engine: {settings.engine if workers else '(none: api only)'}"
+        f"engine: {_engine_line(settings) if workers else '(none: api only)'}"
     )
     application = create_app(settings, workers=workers)
     try:
@@ -99,7 +105,16 @@ def serve(
     port: Annotated[int | None, typer.Option(help="port [PONDER_PORT]")] = None,
     workers: Annotated[int, typer.Option(min=1, help="worker loops in this process")] = 1,
 ) -> None:
-    """All in one process: the API plus workers (embedded SQLite unless PONDER_REDIS_URL)."""
+    """All in one process: the API plus workers (embedded SQLite unless PONDER_REDIS_URL).
+
+    Engine: PONDER_ENGINE, by default `openvino` (OpenVINO GenAI, continuous batching).
+
+    It runs PONDER_MODEL (default: the packaged SmolLM2-135M) in an engine process of its own.
+
+    Threads: PONDER_ENGINE_THREADS; rows at once: PONDER_ENGINE_MAX_ROWS.
+
+    The first start writes the model's weights into PONDER_MODEL_CACHE_DIR (seconds).
+    """
     _logging()
     _serve_http(_settings(host=host, port=port), workers)
 

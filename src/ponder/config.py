@@ -281,13 +281,12 @@ class Settings(BaseSettings):
     model_cache_dir: str = Field(
         default="~/.cache/ponder/models", description="where converted models are cached"
     )
-    engine_weights: Literal["auto", "f16", "gguf"] = Field(
-        default="auto",
+    engine_weights: Literal["f16", "gguf"] = Field(
+        default="f16",
         description="openvino engine's weights, written once into the model cache: f16 "
         "(every tensor dequantized to float16: the answers of the float32 model), gguf (the "
         "file's own quantized tensors, those OpenVINO cannot read repacked to q8_0: smaller "
-        "and faster, but the answers change: qwen0.5b kept 39 of 50); auto: a packaged model's "
-        "measured choice (f16 for both), else f16",
+        "and faster, but the answers change: qwen0.5b kept 39 of 50 short answers)",
     )
     engine_kv_tokens: int = Field(
         default=0,
@@ -624,12 +623,29 @@ def _unparsable(e: SettingsError) -> str:
     return f"{' or '.join(names)}: not valid JSON ({e.__cause__ or e})"
 
 
+#: settings of earlier versions, and what replaced them (a value set is refused, not ignored)
+_REPLACED = {
+    "PONDER_TORCH_THREADS": "set PONDER_ENGINE_THREADS",
+    "PONDER_MODEL_RUNNER": "the local engine is PONDER_ENGINE=openvino (or transformers)",
+    "PONDER_MODEL_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
+    "PONDER_LLAMA_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
+    "PONDER_LLAMA_KV_TOKENS": "set PONDER_ENGINE_KV_TOKENS",
+}
+
+
 def load_settings(**overrides: Any) -> Settings:
     """Read settings from the environment (and ``overrides``); raise ConfigError if wrong.
 
     The message has one line per problem, each naming the ``PONDER_`` variable(s) to
     change and the value(s) seen.
     """
+    replaced = [
+        f"invalid configuration: {old} is gone: {instead}"
+        for old, instead in _REPLACED.items()
+        if os.environ.get(old) is not None
+    ]
+    if replaced:
+        raise ConfigError("\n".join(replaced))
     try:
         return Settings(**overrides)
     except ValidationError as e:

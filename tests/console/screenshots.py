@@ -40,7 +40,7 @@ DEEP = "A shop sells pens at 3 dollars each. How much do 7 pens cost?"
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--engine", default="transformers", help="transformers or scripted")
+    parser.add_argument("--engine", default="openvino", help="openvino or scripted")
     parser.add_argument("--out", type=Path, default=DOCS)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="ponder-shots-") as tmp:

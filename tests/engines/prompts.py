@@ -1,40 +1,70 @@
-"""Helpers shared by the runner tests."""
+"""Prompts and helpers shared by the local engines' tests."""
 
 from __future__ import annotations
 
-from typing import Any
+import threading
+from collections.abc import Callable
 
 import pytest
 
-from ponder.engines.runner import ModelRunner, Prefill, Prefix
+from ponder.engines.base import BaseEngine, SampleOutput, SampleRequest
+from ponder.errors import EngineError
 
-#: a text of more than 600 tokens: more than one internal prefill pass of either runner
-LONG_TEXT = " ".join(f"Item {i}: a line of text about the number {i}." for i in range(60))
+CAPITAL = "What is the capital of France?"
+STORY = "Write a long story about a brave dragon."
+HAIKU = "Write a haiku about the sea."
 
 
-def chat(tokenizer: Any, prompt: str) -> list[int]:
-    """The token ids of ``prompt`` as one user message under the chat template."""
-    text = tokenizer.apply_chat_template(
-        [{"role": "user", "content": prompt}], add_generation_prompt=True, tokenize=False
+def ok(result: SampleOutput | BaseException) -> SampleOutput:
+    assert isinstance(result, SampleOutput), repr(result)
+    return result
+
+
+async def run(engine: BaseEngine, *requests: SampleRequest) -> list[SampleOutput]:
+    """The rows submitted together; each must succeed."""
+    return [ok(r) for r in await engine.generate(list(requests))]
+
+
+def greedy(prompt: str, max_new_tokens: int = 12, stop: tuple[str, ...] = ()) -> SampleRequest:
+    return SampleRequest(prompt=prompt, max_new_tokens=max_new_tokens, stop=list(stop))
+
+
+def sampled(prompt: str, seed: int, top_p: float = 1.0, max_new_tokens: int = 10) -> SampleRequest:
+    return SampleRequest(
+        prompt=prompt, temperature=1.0, top_p=top_p, seed=seed, max_new_tokens=max_new_tokens
     )
-    ids: list[int] = tokenizer(text, add_special_tokens=False)["input_ids"]
-    return ids
 
 
-def check_bounds(runner: ModelRunner, prefix: Prefix) -> None:
-    """The seam refuses a prompt over the context and a decode of the wrong width."""
-    with pytest.raises(ValueError, match="context"):
-        runner.prefill([Prefill([1] * (runner.context_length + 1))])
-    runner.join(prefix)
-    with pytest.raises(ValueError, match=r"2 tokens for 1 (running )?rows"):
-        runner.decode([1, 2])
-    runner.keep([])
+def same(a: SampleOutput, b: SampleOutput) -> None:
+    """Equal text, token counts and finish reason; log-probabilities up to float32 noise
+    (a row's logits in another batch differ by rounding: ~1e-5)."""
+    assert (a.text, a.completion_tokens, a.finish_reason) == (
+        b.text,
+        b.completion_tokens,
+        b.finish_reason,
+    )
+    assert a.mean_logprob == pytest.approx(b.mean_logprob, abs=2e-3)
 
 
-def prefill_in_chunks(runner: ModelRunner, ids: list[int], size: int) -> Prefix:
-    """``ids`` prefilled ``size`` tokens at a time, each chunk continuing the last."""
-    prefix = None
-    for start in range(0, len(ids), size):
-        prefix = runner.prefill([Prefill(ids[start : start + size], prefix)])[0]
-    assert prefix is not None and prefix.length == len(ids)
-    return prefix
+def failed(result: SampleOutput | BaseException) -> EngineError:
+    assert isinstance(result, EngineError), repr(result)
+    return result
+
+
+class ActOnCheck(threading.Event):
+    """A cancellation flag that runs ``action`` (by default, sets itself) on its n-th check.
+
+    The engine checks a row's flag when it is submitted, when it is admitted and once per
+    decode step after that, so this acts at a known step.
+    """
+
+    def __init__(self, checks: int, action: Callable[[], object] | None = None) -> None:
+        super().__init__()
+        self.checks_left = checks
+        self.action = action or self.set
+
+    def is_set(self) -> bool:
+        self.checks_left -= 1
+        if self.checks_left == 0:
+            self.action()
+        return super().is_set()

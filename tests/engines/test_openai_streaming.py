@@ -20,7 +20,7 @@ from fastapi.responses import StreamingResponse
 
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.openai import OpenAIEngine
-from ponder.engines.transformers import TransformersEngine
+from ponder.engines.openvino import OpenVINOEngine
 from ponder.errors import EngineError
 from tests.conftest import ThreadedServer
 from tests.engines.test_openai import CAPITAL, HAIKU, CompatServer, make_engine
@@ -97,7 +97,7 @@ class StreamingServer(CompatServer):
 
 
 @pytest.fixture(scope="module")
-def streaming_server(model_engine: TransformersEngine) -> Iterator[tuple[StreamingServer, str]]:
+def streaming_server(model_engine: OpenVINOEngine) -> Iterator[tuple[StreamingServer, str]]:
     compat = StreamingServer(model_engine)
     with ThreadedServer(compat.app, lifespan="off", log_level="critical") as live:
         yield compat, f"{live.url}/v1"
@@ -114,7 +114,7 @@ async def engine(streaming_server: tuple[StreamingServer, str]) -> AsyncIterator
 
 async def test_a_listened_row_streams_its_text_as_it_arrives(
     engine: OpenAIEngine, streaming_server: tuple[StreamingServer, str],
-    model_engine: TransformersEngine,
+    model_engine: OpenVINOEngine,
 ) -> None:  # fmt: skip
     loop = asyncio.get_running_loop()
     pieces: list[tuple[float, str]] = []
@@ -191,7 +191,7 @@ async def test_a_cancelled_row_abandons_its_stream(engine: OpenAIEngine) -> None
 
 
 async def test_a_server_that_ignores_stream_answers_plain_json_and_the_row_still_ends(
-    model_engine: TransformersEngine,
+    model_engine: OpenVINOEngine,
 ) -> None:
     """Servers that do not stream answer ``stream: true`` with a plain completion: the row
     gets that answer (its text reaches no listener; there is nothing to stream)."""

@@ -16,14 +16,15 @@ Pure numpy: a few seconds for SmolLM2, about 20 s for Qwen2.5-0.5B.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import numpy
 
 from ponder.errors import ConfigError
 
-__all__ = ["READABLE", "Weights", "rewrite"]
+__all__ = ["READABLE", "Weights", "model_architecture", "rewrite"]
 
 Weights = Literal["f16", "gguf"]
 
@@ -31,6 +32,15 @@ Weights = Literal["f16", "gguf"]
 READABLE = frozenset({"F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q4_K", "Q6_K"})
 #: llama.cpp's file type "mostly F16", written into an f16 file's metadata
 _MOSTLY_F16 = 1
+
+
+def model_architecture(fields: Mapping[str, Any], path: Path) -> str:
+    """The ``general.architecture`` of a GGUF file's metadata (ConfigError: none)."""
+    field = fields.get("general.architecture")
+    if field is None:
+        raise ConfigError(f"{path} is not a model: its metadata has no general.architecture")
+    arch: str = field.contents()
+    return arch
 
 
 def rewrite(source: Path, dest: Path, weights: Weights) -> None:
@@ -42,7 +52,7 @@ def rewrite(source: Path, dest: Path, weights: Weights) -> None:
         reader = gguf.GGUFReader(source)
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read the GGUF file {source}: {e}") from e
-    arch = reader.fields["general.architecture"].contents()
+    arch = model_architecture(reader.fields, source)
     writer = gguf.GGUFWriter(dest, arch)
     for key, field in reader.fields.items():
         if key.startswith("GGUF.") or key == "general.architecture":

@@ -58,10 +58,6 @@ class PackagedModel:
     sha256: str
     #: how to install the packages, for the error message when they are missing
     install: str
-    #: the openvino engine's weights under PONDER_ENGINE_WEIGHTS=auto: the smallest whose
-    #: greedy answers were measured to agree with float32's (bench/results/engine-agreement-*;
-    #: both packaged models: f16. Qwen's own Q4_K/Q6_K tensors, ``gguf``, kept 39 of 50)
-    engine_weights: Weights = "f16"
 
     def locate(self) -> list[Path]:
         """The part files, found without importing their packages (ConfigError if missing).

@@ -55,12 +55,12 @@ from ponder.config import Settings
 from ponder.engines import openvino_process
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.continuous import ContinuousEngine
-from ponder.engines.gguf_weights import Weights
-from ponder.engines.models import PACKAGED_MODELS, engine_files
+from ponder.engines.gguf_weights import model_architecture
+from ponder.engines.models import engine_files
 from ponder.engines.textrows import TokenRow, encode_prompt
 from ponder.errors import ConfigError, EngineError
 
-__all__ = ["OpenVINOEngine", "engine_weights"]
+__all__ = ["OpenVINOEngine"]
 
 #: positions of the KV cache per row when PONDER_ENGINE_KV_TOKENS is 0
 _KV_PER_ROW = 1024
@@ -110,13 +110,14 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
         )
         self.model_name = settings.model
         self._settings = settings
-        self.weights = engine_weights(settings)
+        self.weights = settings.engine_weights
         self.restarts = 0
         self._tokenizer: Any = None
         #: a second tokenizer for prompt_length(), which runs on the event loop's thread
         self._length_tokenizer: Any = None
         self._eos_ids: frozenset[int] = frozenset()
         self._context_length = 0
+        self._kv_capacity = 0
         self._config: dict[str, Any] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
@@ -164,14 +165,15 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
         self._tokenizer = ChatTokenizer(files)
         self._length_tokenizer = copy.deepcopy(self._tokenizer)
         self._context_length, self._eos_ids = _model_facts(files / "model.gguf")
+        kv_tokens = settings.engine_kv_tokens or _KV_PER_ROW * settings.engine_max_rows
+        self._kv_capacity = math.ceil(kv_tokens / _BLOCK) * _BLOCK
         if self._tokenizer.eos_token_id is not None:
             self._eos_ids |= {self._tokenizer.eos_token_id}
-        kv_tokens = settings.engine_kv_tokens or _KV_PER_ROW * settings.engine_max_rows
         self._config = {
             "path": str(files / "model.gguf"),
             "threads": settings.engine_threads,
             "max_rows": settings.engine_max_rows,
-            "kv_blocks": math.ceil(kv_tokens / _BLOCK),
+            "kv_blocks": self._kv_capacity // _BLOCK,
             "step_tokens": max(settings.engine_step_tokens, settings.engine_max_rows),
             "prefix_caching": settings.engine_prefix_cache_mb > 0,
         }
@@ -236,6 +238,14 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
     # --- rows -------------------------------------------------------------------------
     def _open(self, row: _Row) -> None:
         row.open_text(self._tokenizer, self._context_length)
+        # a row never holds more positions than the whole KV cache: it ends at "length"
+        room = self._kv_capacity - len(row.prompt_ids)
+        if room < 1:
+            raise EngineError(
+                f"the prompt is {len(row.prompt_ids)} tokens; the KV cache holds "
+                f"{self._kv_capacity} (raise PONDER_ENGINE_KV_TOKENS)"
+            )
+        row.max_new_tokens = min(row.max_new_tokens, room)
         request = row.request
         if request.temperature > 0:
             row.seed = secrets.randbits(63) if request.seed is None else request.seed % 2**63
@@ -327,22 +337,12 @@ class _ProcessLost(RuntimeError):
     """The engine process died or stopped answering."""
 
 
-def engine_weights(settings: Settings) -> Weights:
-    """The weights ``PONDER_ENGINE_WEIGHTS`` names; ``auto``: a packaged model's measured
-    choice (:attr:`~ponder.engines.models.PackagedModel.engine_weights`), else f16."""
-    if settings.engine_weights != "auto":
-        return settings.engine_weights
-    packaged = PACKAGED_MODELS.get(settings.model)
-    return packaged.engine_weights if packaged is not None else "f16"
-
-
 def _model_facts(path: Path) -> tuple[int, frozenset[int]]:
     """The model's context length and its end-of-sequence token ids, from its metadata."""
     import gguf
 
-    reader = gguf.GGUFReader(path)
-    fields = reader.fields
-    arch = fields["general.architecture"].contents()
+    fields = gguf.GGUFReader(path).fields
+    arch = model_architecture(fields, path)
     context = fields.get(f"{arch}.context_length")
     if context is None:
         raise ConfigError(f"{path} does not say its context length ({arch}.context_length)")
