@@ -22,8 +22,10 @@ come back.
   (:class:`~ponder.engines.textrows.TokenRow`). The log-probability of each chosen token
   comes from the pipeline.
 - **Shared prefill**: the pipeline's prefix cache (on unless
-  ``PONDER_ENGINE_PREFIX_CACHE_MB=0``) keeps computed prompt blocks, so the samples of one
-  task, a task's later waves and a re-added row reuse their prompt. A preempted row is
+  ``PONDER_ENGINE_PREFIX_CACHE_MB=0``) keeps computed prompt blocks. Rows added in the
+  same step would each compute their prompt, so the rows of one prompt (a task's samples)
+  wait for the first one's first token and then read the prompt from the cache; a task's
+  later waves and a re-added row reuse it too. A preempted row is
   re-added with its prompt and its tokens so far; a sampled row's seed then continues as
   ``seed + tokens so far`` (its text is not the one it would have had without
   preemption).
@@ -126,6 +128,9 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
         self._sent: dict[int, _Row] = {}
         self._adds: list[tuple[int, list[int], dict[str, Any]]] = []
         self._drops: list[int] = []
+        #: a prompt whose first row has no token yet, by its ids: its other rows wait
+        self._leaders: dict[tuple[int, ...], _Row] = {}
+        self._share_prefix = settings.engine_prefix_cache_mb > 0
 
     @property
     def batch_invariant(self) -> bool:
@@ -251,10 +256,20 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
             row.seed = secrets.randbits(63) if request.seed is None else request.seed % 2**63
 
     def _prefill(self, rows: list[_Row], now: float) -> list[_Row]:
-        """Every admitted row goes to the process with the next step."""
+        """Rows to send with the next step: a prompt's first row at once, the rows of the
+        same prompt once it has its first token (the prompt is then in the pipeline's
+        prefix cache: computed once, not once per row)."""
+        ready = []
         for row in rows:
+            key = tuple(row.prompt_ids)
+            leader = self._leaders.get(key)
+            if leader is not None and leader is not row and not row.tokens:
+                continue
+            if not row.tokens and self._share_prefix:
+                self._leaders.setdefault(key, row)
             self._send(row)
-        return list(rows)
+            ready.append(row)
+        return ready
 
     def _send(self, row: _Row) -> None:
         request_id, self._next_id = self._next_id, self._next_id + 1
@@ -288,6 +303,7 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
             return 0
         if answer[0] == "failed":
             self._sent.clear()
+            self._leaders.clear()
             self._fail(sent, EngineError(f"generation failed: {answer[1]}"))
             return 0
         _, produced, ended = answer
@@ -299,6 +315,8 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
                     break
                 row.append(token, logprob, self._eos_ids)
                 tokens += 1
+            if row is not None:
+                self._unlead(row)
         for request_id, why in ended.items():
             row = self._sent.pop(request_id, None)
             if row is None or row.finish is not None:
@@ -309,10 +327,17 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
                 row.finish = "length" if len(row.tokens) >= row.max_new_tokens else "stop"
         return tokens
 
+    def _unlead(self, row: _Row) -> None:
+        """``row`` has its first token or left: its prompt's other rows may go."""
+        key = tuple(row.prompt_ids)
+        if self._leaders.get(key) is row:
+            del self._leaders[key]
+
     def _crashed(self, rows: list[_Row], cause: str) -> None:
         """The process died under ``rows``: each resumes in the next process from its tokens
         so far, once; a row the process died under before fails (it may be the cause)."""
         self._sent.clear()
+        self._leaders.clear()
         again = [row for row in rows if row.finish is None and row.crashes > 0]
         self._fail(again, EngineError(f"{cause} under this row twice; the process restarts"))
         for row in rows:
@@ -327,6 +352,7 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
                 continue
             if self._sent.pop(row.request_id, None) is not None:
                 self._drops.append(row.request_id)
+            self._unlead(row)
             row.request_id = None
 
     def _output(self, row: _Row) -> SampleOutput:
