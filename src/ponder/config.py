@@ -243,7 +243,10 @@ class Settings(BaseSettings):
         default=1000, ge=1, description="rows waiting for an engine slot at most"
     )
     engine_prefix_cache_mb: float = Field(
-        default=64.0, ge=0, description="prompt KV caches kept for reuse (LRU), MB; 0 = off"
+        default=64.0,
+        ge=0,
+        description="prompt KV caches kept for reuse (LRU), MB; 0 = off (the openvino "
+        "engine: on or off; its pipeline keeps prompts in the KV cache's free blocks)",
     )
     engine_preempt_after_ms: float = Field(
         default=500.0,
