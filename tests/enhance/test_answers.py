@@ -619,3 +619,120 @@ def test_groups_do_not_depend_on_sample_order(data: st.DataObject, task_type: st
 
     original = as_sets(group_answers(answers, task_type), list(range(len(answers))))
     assert as_sets(group_answers(shuffled, task_type), list(order)) == original
+
+
+# --- issue 25: extraction that reads real output -----------------------------------------
+
+
+def test_a_filler_word_is_not_part_of_a_math_answer() -> None:
+    """'The answer is indeed 32.' was ``indeed 32`` and split the vote {'32': 2, ...: 1}."""
+    kind = ANSWER_TYPES[TaskType.math]
+    question = kind.question("What is 4 * 8?")
+    texts = ["4 * 8 = 32. The answer is 32.", "The answer is 32.", "The answer is indeed 32."]
+    answers = [kind.extract(t, question) for t in texts]
+    assert answers == ["32", "32", "32"]
+    assert group_answers(answers, "math") == [[0, 1, 2]]
+    assert kind.extract("The answer is still 32.", question) == "32"
+    assert kind.extract("The answer is sin 30.", question) == "sin 30"
+
+
+@pytest.mark.parametrize(
+    ("reply", "task_type", "expected"),
+    [
+        ("1. Pink: a soft, warm colour.\n2. Blue: the colour of the sky.", "text", "Pink"),
+        ("Here are two colours:\n1. Pink: warm.\n2. Blue: cold.", "text", "Pink"),
+        ("- Pink\n- Blue", "text", "Pink"),
+        # a math list: its markers and step numbers are not results
+        ("1. Multiply 4 by 8.\n2. Write it down.", "math", None),
+        ("Step 1: Multiply.\nStep 2: Add.", "math", None),
+        ("1. Multiply 4 by 8: 4 * 8 = 32.\n2. Done.", "math", "32"),
+    ],
+)
+def test_a_numbered_list_is_not_its_numbers(reply: str, task_type: str, expected: str) -> None:
+    """A numbered list "1. Pink: …" became the answer ``1``."""
+    kind = ANSWER_TYPES[TaskType(task_type)]
+    assert (
+        kind.extract(reply, kind.question("What is your favourite colour, or 4 * 8?")) == expected
+    )
+
+
+PLANET = "What is the largest planet in the solar system?"
+
+
+def test_free_text_answers_are_reduced_before_they_are_grouped() -> None:
+    """Whole sentences grouped by luck; their short answers group by meaning."""
+    kind = ANSWER_TYPES[TaskType.text]
+    question = kind.question(PLANET)
+    replies = [
+        "The largest planet in the solar system is Jupiter, which is approximately 480 "
+        "times larger than Earth.",
+        "Jupiter is the largest planet in the solar system.",
+        "The answer is Jupiter.",
+        "It is Jupiter, a gas giant.",
+        "Saturn is the largest planet.",
+        "I am not sure.",
+    ]
+    answers = [kind.extract(r, question) for r in replies]
+    assert answers == ["Jupiter", "Jupiter", "Jupiter", "Jupiter", "Saturn", None]
+    assert group_answers(answers, "text") == [[0, 1, 2, 3], [4], [5]]
+
+
+@pytest.mark.parametrize(
+    ("reply", "short"),
+    [
+        ("Aria is the mother of David.", "mother"),  # a relation word
+        ("Kai is married to Aria, which is a classic example.", "married"),
+        ("Aria is a sibling of Kai, not a parent.", "sibling"),
+        ('The answer is "Sarah" to the sentence "The answer is Zion."', "Sarah"),
+        ("The answer is indeed Kai, which is the son of Aria.", "Kai"),  # an entity
+        ("No, they are not related.", "No"),  # yes/no
+        # states no answer
+        ("The answer is Kai to Aria. Aria is the child of Kai.", None),
+        ("Dave is married to Owen.", None),
+        ("I don't know.", None),
+        ("It cannot be determined from the story.", None),
+    ],
+)
+def test_relation_answers_are_short(reply: str, short: str | None) -> None:
+    kind = ANSWER_TYPES[TaskType.text]
+    question = kind.question(
+        "Kai is married to Aria. They have a child called David. Dave is married to Owen.\n"
+        "What relation is Kai to Aria? Answer with a single word."
+    )
+    assert kind.extract(reply, question) == short
+
+
+#: reasoning-gym family_relationships' relation words, and answers models give instead
+RELATIONS = [
+    "mother", "father", "sister", "brother", "daughter", "son", "wife", "husband",
+    "grandmother", "grandfather", "aunt", "uncle", "niece", "nephew", "mother-in-law",
+    "father-in-law", "spouse", "child", "parent", "sibling", "cousin", "grandson",
+    "granddaughter", "stepmother", "stepfather", "sister-in-law", "brother-in-law",
+]  # fmt: skip
+
+
+def test_grouping_follows_the_family_relationships_scorer() -> None:
+    """The scorer accepts the relation word in any case and nothing else: 'spouse' is
+    not 'wife', so they must not be one group (nor any two distinct relation words)."""
+    kind = ANSWER_TYPES[TaskType.text]
+    assert not kind.same("wife", "spouse")
+    for i, a in enumerate(RELATIONS):
+        assert kind.same(a, a.upper()) and kind.same(a, f"{a.capitalize()}.")
+        for b in RELATIONS[i + 1 :]:
+            assert not kind.same(a, b), (a, b)
+
+
+@pytest.mark.parametrize(
+    ("reply", "letter"),
+    [
+        ("A) -10\nB) 0\nC) -1\nD) 10", None),  # the options copied out: no choice
+        ("A) 90\nB) 79", None),
+        ("C) -1\nThe answer is D) 10", "D"),
+        ("A) 45", "A"),  # the letter it states, though option B is 45
+        ("5313", "D"),  # an option's text alone
+    ],
+)
+def test_a_copy_of_the_options_chooses_none(reply: str, letter: str | None) -> None:
+    kind = ANSWER_TYPES[TaskType.choice]
+    question = kind.question("Calculate 55 * 57.\nA) 3135\nB) 45\nC) 6270\nD) 5313\nAnswer.")
+    assert kind.extract(reply, question) == letter

@@ -147,15 +147,42 @@ def test_the_stop_rule_stops_when_the_leader_cannot_be_overtaken() -> None:
     assert strategy(n=2, early_stop=False).stop(everything).stop  # nothing left to run
 
 
-def test_the_greedy_sample_is_overturned_only_by_agreeing_samples() -> None:
+def test_the_greedy_sample_weighs_like_any_other() -> None:
     s = strategy(n=3)
-    one_against = [done(0, "4", temperature=0), done(1, "5")]
-    fusion = s.fuse(one_against)
-    assert fusion is not None and fusion.result.answer == "4"
     two_against = [done(0, "4", temperature=0), done(1, "5"), done(2, "5")]
     fusion = s.fuse(two_against)
     assert fusion is not None and fusion.result.answer == "5"
     assert fusion.result.votes == {"5": 2, "4": 1}
+    surer = [done(0, "4", temperature=0, confidence=0.2), done(1, "5", confidence=0.3)]
+    fusion = s.fuse(surer)
+    assert fusion is not None and fusion.result.answer == "5"
+
+
+CHOICE = "Calculate 71 + 31.\nA) 102\nB) 103\nC) -102\nD) 112\nAnswer with the letter."
+
+
+def test_a_tie_of_votes_is_not_the_greedy_samples_to_break() -> None:
+    """A multiple-choice vote tied 1/1/1 took the greedy sample's letter ("A" is what
+    SmolLM2's greedy sample answers to every such question). Equal votes are ranked by
+    the samples' confidences, equal confidences by mean logprob, then the first sample."""
+    s = strategy(n=3, task_type=TaskType.choice, prompt=CHOICE)
+    tied = [
+        done(0, "A", temperature=0, confidence=0.2019),
+        done(1, "C", confidence=0.2070),
+        done(2, "D", confidence=0.2124),
+    ]
+    fusion = s.fuse(tied)
+    assert fusion is not None and fusion.result.answer == "D"
+    assert fusion.result.votes == {"D": 1, "C": 1, "A": 1}
+    even = [done(i, "ACD"[i], temperature=0 if i == 0 else 0.5) for i in range(3)]
+    for sample, logprob in zip(even, (-0.5, -0.3, -0.4), strict=True):
+        sample.mean_logprob = logprob
+    fusion = s.fuse(even)
+    assert fusion is not None and fusion.result.answer == "C"
+    for sample in even:
+        sample.mean_logprob = None
+    fusion = s.fuse(even)
+    assert fusion is not None and fusion.result.answer == "A"  # nothing else tells them apart
 
 
 def test_confidence_weighting_breaks_an_even_split() -> None:
@@ -230,6 +257,33 @@ def test_the_clarification_is_a_question() -> None:
     assert deep.clarification(["10", "12"], None) == template
     copied = "work... The answer is 10?"  # a sample's own text
     assert deep.clarification(["10", "12"], copied) == template
+    assert deep.clarification(["10", "12"], "Which total do you mean, per day?") == (
+        "Which total do you mean, per day?"
+    )
+
+
+@pytest.mark.parametrize(
+    "reply",
+    [
+        'The user asked you to find the answer to the question "What is 17 * 24?',
+        '"What is 17 * 24?',
+        "What is 17 * 24? The answer is 408.",
+        "17 * 24 is 408, isn't it?",
+        "Is it 408 or 418?\nOr something else?",
+        "",
+        None,
+    ],
+)
+def test_a_clarification_is_always_a_question(reply: str | None) -> None:
+    """A deep task asked 'The user asked you to find the answer to the question "What is
+    17 * 24?' — model text cut short, not a question. The template is used instead."""
+    deep = strategy("deep", 2, prompt="What is 17 * 24?")
+    deep.task.samples = [done(0, "408"), done(1, "418")]
+    asked = deep.clarification(["408", "418"], reply)
+    assert asked.endswith("?")
+    assert not any(asked.rstrip("?") in (s.text or "") for s in deep.task.samples)
+    if reply is None or not reply.startswith("Is it"):
+        assert asked == "Did you mean 408, or 418?"
     assert deep.clarification(["a", "b", "c"], "") == "Did you mean a, b, or c?"
     messages = deep.clarification_messages(["10", "12"])
     assert "10; 12" in messages[-1]["content"] and "question mark" in messages[0]["content"]
@@ -279,3 +333,25 @@ def test_auto_is_resolved_from_the_prompt() -> None:
     assert strategy(task_type=TaskType.auto, prompt="What is 17 * 24?").task_type is TaskType.math
     choice = strategy(task_type=TaskType.auto, prompt="Which? A) Venus B) Mars")
     assert choice.task_type is TaskType.choice
+
+
+def test_short_answers_vote_and_a_text_without_one_does_not() -> None:
+    family = "Kai is married to Aria. They have a child called David.\nWhat is Kai to Aria?"
+    s = strategy(n=4, task_type=TaskType.text, prompt=family)
+    texts = [
+        "Kai is the husband of Aria.",
+        "The answer is husband.",
+        "I am not sure.",
+        "Aria is the wife of Kai.",
+    ]
+    samples = [done(i, None).model_copy(update={"text": t}) for i, t in enumerate(texts)]
+    for sample in samples:
+        s.rejudge(sample)
+    assert [x.answer for x in samples] == ["husband", "husband", None, "wife"]
+    fusion = s.fuse(samples)
+    assert fusion is not None and fusion.result.answer == "husband"
+    assert fusion.result.votes == {"husband": 2, "wife": 1}
+    math = strategy(n=2, prompt="Calculate 9 + 2.")
+    quiet = done(0, None).model_copy(update={"text": "To calculate 9 + 2, we add them."})
+    math.rejudge(quiet)
+    assert quiet.answer is None and quiet.confidence == 0.0

@@ -4,8 +4,8 @@
 ``standard``, ``deep``); the worker drives any of them the same way:
 
 1. :meth:`Strategy.plan` — the samples. Sample 0 of a multi-sample task is greedy
-   (temperature 0), so the vote starts from the model's most likely answer and sampled
-   answers overturn it only when enough of them agree; the others run at the task's
+   (temperature 0), so the vote starts from the model's most likely answer (the
+   anytime answer of the promoted first sample); the others run at the task's
    temperature, each with a seed derived from the task id and its index.
 2. :meth:`Strategy.window` — how many samples run at once while the vote is open; when
    one ends and the vote is still open, the next starts (a slow sample does not hold
@@ -19,11 +19,13 @@
    the leader. The rest are skipped; :meth:`Strategy.saved` says what that saved.
 5. :meth:`Strategy.preliminary` — the anytime answer while samples run: a new one each
    time the leading answer or its confidence changes (rate-limited).
-6. :meth:`Strategy.fuse` — the vote: each sample weighs 1 (the greedy sample
+6. :meth:`Strategy.fuse` — the vote: each sample weighs 1 (the greedy one too, see
    :data:`GREEDY_WEIGHT`), times ``exp(CONFIDENCE_POWER * confidence)`` (CISC: the
-   calibrated sample confidence); the heaviest group wins, ties go to the group with
-   the lowest sample index. ``result.confidence`` is the calibrated probability that
-   the answer is right (:mod:`ponder.enhance.calibration`).
+   calibrated sample confidence), so groups with as many votes are ranked by their
+   samples' confidences; the heaviest group wins. Equal weights go to the larger summed
+   confidence, then the higher mean logprob of the group's samples, then the group
+   with the lowest sample index. ``result.confidence`` is the calibrated probability
+   that the answer is right (:mod:`ponder.enhance.calibration`).
 7. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
    program-of-thought), promotes the first sample (:meth:`Strategy.priority`), and,
    when the vote is genuinely split, asks one clarifying question
@@ -67,8 +69,11 @@ __all__ = [
     "sample_seed",
 ]
 
-#: the greedy sample's vote weight: two agreeing sampled answers outweigh it, one does not
-GREEDY_WEIGHT = 1.5
+#: the greedy sample's vote weight. 1: it does not break ties; a tie of votes is decided by
+#: the samples' confidences (SmolLM2's greedy reply to a multiple-choice question is "A"
+#: whatever the question, a position bias that an extra weight would turn into the answer
+#: of every tie)
+GREEDY_WEIGHT = 1.0
 #: CISC: a sample's vote is multiplied by exp(CONFIDENCE_POWER * its confidence)
 CONFIDENCE_POWER = 1.0
 #: a new preliminary answer needs its confidence to move by this much (or a new leader)
@@ -77,6 +82,13 @@ PRELIMINARY_STEP = 0.05
 PRELIMINARY_INTERVAL_S = 0.5
 #: the longest clarifying question accepted from the model
 MAX_QUESTION_CHARS = 240
+
+#: how a question opens: a question word or an auxiliary verb
+_ASKS = re.compile(
+    r"(?:what|which|who|whom|whose|when|where|why|how|do|does|did|is|are|was|were|am|can|"
+    r"could|should|would|will|shall|may|might|must|have|has|had)\b",
+    re.IGNORECASE,
+)
 
 _PATH_INSTRUCTIONS = {
     "cot": f"Think step by step. {ANSWER_LINE}",
@@ -319,7 +331,7 @@ class Strategy:
             groups = [g for g in groups if _pass_rate(g.samples) == best]
         for g in groups:
             g.weight = sum(self._weight(s) for s in g.samples)
-        return sorted(groups, key=lambda g: (-g.weight, g.first))
+        return sorted(groups, key=_rank)
 
     def fuse(self, samples: Sequence[Sample]) -> Fusion | None:
         """The vote over the finished samples; None when none finished.
@@ -457,16 +469,22 @@ class Strategy:
     def clarification(self, contested: Sequence[str], reply: str | None) -> str:
         """The model's question if it is one, else a template built from the answers.
 
-        The model's reply is accepted when its first line is one question (ends in "?",
-        at most :data:`MAX_QUESTION_CHARS`), states no answer ("the answer is") and copies
-        no sample's text; otherwise "Did you mean A, or B?".
+        The model's reply is accepted when its first line is one question: it opens with a
+        question word or an auxiliary verb ("Do you mean …?", "Which …?"), ends in its
+        only "?", is at most :data:`MAX_QUESTION_CHARS` long, closes every quote it opens,
+        states no answer ("the answer is") and copies neither the prompt nor a sample's
+        text. Otherwise (model text such as 'The user asked you to find the answer to the
+        question "What is 17 * 24?') it is "Did you mean A, or B?" over the answers.
         """
         question = (reply or "").strip().split("\n", 1)[0].strip().strip("*\"' ")
-        texts = [s.text or "" for s in self.task.samples if s.text]
+        texts = [task_prompt(self.task), *(s.text for s in self.task.samples if s.text)]
         if (
-            question.endswith("?")
+            _ASKS.match(question)
+            and question.endswith("?")
             and 8 <= len(question) <= MAX_QUESTION_CHARS
             and question.count("?") == 1
+            and question.count('"') % 2 == 0
+            and question.count("\u201c") == question.count("\u201d")
             and not re.search(r"\banswer\s+(?:is|:)", question, re.IGNORECASE)
             and not any(question.rstrip("?").strip() in t for t in texts)
         ):
@@ -475,6 +493,15 @@ class Strategy:
         if len(answers) == 1:
             return f"Did you mean {answers[0]}?"
         return f"Did you mean {', '.join(answers[:-1])}, or {answers[-1]}?"
+
+
+def _rank(group: _Group) -> tuple[float, float, float, int]:
+    """The vote's order: weight, then summed confidence, then mean logprob, then the
+    earliest sample (rounded, so that float noise does not decide a tie)."""
+    logprobs = [s.mean_logprob for s in group.samples if s.mean_logprob is not None]
+    mean_logprob = sum(logprobs) / len(logprobs) if logprobs else -math.inf
+    confidence = sum(s.confidence or 0.0 for s in group.samples)
+    return (-round(group.weight, 9), -round(confidence, 9), -mean_logprob, group.first)
 
 
 def _pass_rate(group: Sequence[Sample]) -> float:

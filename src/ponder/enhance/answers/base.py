@@ -43,12 +43,15 @@ class Question:
 
     ``options`` maps each option letter of a multiple-choice prompt to its text
     (``{"A": "Venus", "B": "Mars"}``); ``words`` are the prompt's normalised words, used
-    to cut restatements of the question out of free-text answers.
+    to cut restatements of the question out of free-text answers; ``asked`` are the words
+    of the sentences that ask (those ending in "?"; all words when none does): an answer
+    made of these only restates the question ("Kai to Aria" for "What is Kai to Aria?").
     """
 
     prompt: str = ""
     options: dict[str, str] = field(default_factory=dict)
     words: frozenset[str] = frozenset()
+    asked: frozenset[str] = frozenset()
 
 
 class AnswerType(ABC):
@@ -66,7 +69,11 @@ class AnswerType(ABC):
 
     def question(self, prompt: str) -> Question:
         """What this type needs to know of the prompt (see :class:`Question`)."""
-        return Question(prompt=prompt, words=frozenset(normalise_text(prompt).split()))
+        words = frozenset(normalise_text(prompt).split())
+        sentences = re.split(r"(?<=[.!?])\s+|\n", prompt[-TAIL_CHARS:])
+        asks = " ".join(s for s in sentences if s.rstrip().endswith("?"))
+        asked = frozenset(normalise_text(asks).split()) if asks else words
+        return Question(prompt=prompt, words=words, asked=asked)
 
     @abstractmethod
     def extract(self, text: str, question: Question) -> str | None:
@@ -138,9 +145,10 @@ def all_boxed(text: str) -> list[str]:
     return found
 
 
+#: "the answer is", "Answer:", "the final answer to this question is", "answer = "
 ANSWER_ANCHOR = re.compile(
-    r"(?:final\s+answer|\banswer)\s*(?:\*\*\s*)?"
-    r"(?:is|would\s+be|will\s+be|should\s+be|=|:)\s*(?:\*\*\s*)?:?",
+    r"(?:final\s+answer|\banswer)(?:\s+to\s+(?:the|this|that|your)(?:\s+[A-Za-z-]+){1,3}?)?"
+    r"\s*(?:\*\*\s*)?(?:is|would\s+be|will\s+be|should\s+be|=|:)\s*(?:\*\*\s*)?:?",
     re.IGNORECASE,
 )
 

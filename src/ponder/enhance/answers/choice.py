@@ -4,7 +4,8 @@ A prompt is multiple choice when it lists options with consecutive letters from 
 their own lines or inline: ``A) … B) …``, ``A. … B. …``, ``(A) … (B) …``. A reply is
 reduced to the letter it states (``\\boxed{B}``, "The answer is (B)", "answer: b", a line
 that is only a letter, "(B)", "B)"), or else to the letter of the option whose text it
-states ("The answer is Mars." → ``B`` when option B is Mars).
+states ("The answer is Mars." → ``B`` when option B is Mars). A reply that only copies
+two or more options out ("A) 8\nB) 16") chooses none: None.
 """
 
 from __future__ import annotations
@@ -42,6 +43,8 @@ _ANCHOR = re.compile(
 _PAREN = re.compile(rf"\(([{_LETTERS}])\)")
 _RPAREN = re.compile(rf"(?:^|(?<=\s))([{_LETTERS}])\)", re.MULTILINE)
 _ALONE = re.compile(rf"^[ \t*(\[]*([{_LETTERS}])[ \t*)\].:]*$", re.MULTILINE)
+#: a line that starts with an option marker ("A) 8", "(B) 16", "C. 4")
+_LISTED = re.compile(rf"^[ \t*]*\(?([{_LETTERS}])[).:]", re.MULTILINE)
 #: an option marker in a prompt: "(A) ", "A) ", "A. ", "A: " at a line start or after a space
 _MARK = re.compile(rf"(?:^|(?<=\s))(?:\(([{_LETTERS}])\)|([{_LETTERS}])[).:])[ \t]+(?=\S)", re.M)
 
@@ -116,7 +119,7 @@ class ChoiceAnswer(AnswerType):
 
     def question(self, prompt: str) -> Question:
         base = super().question(prompt)
-        return Question(prompt=prompt, options=parse_options(prompt), words=base.words)
+        return Question(prompt, parse_options(prompt), base.words, base.asked)
 
     def extract(self, text: str, question: Question) -> str | None:
         text = text[-TAIL_CHARS:]
@@ -130,6 +133,8 @@ class ChoiceAnswer(AnswerType):
                     return letter
         if stated is not None:
             return stated[1]
+        if len(set(_LISTED.findall(text))) >= 2:
+            return None  # the options copied out ("A) 8", "B) 16", …): no answer chosen
         letter = _fallback_letter(text)
         if letter is not None or not question.options:
             return letter

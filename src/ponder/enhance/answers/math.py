@@ -56,14 +56,21 @@ _OPERATOR = r"(?:[-+*/\u00d7\u00f7^]|\s[xX]\s|\\times|\\cdot|\\div)"
 _OPERAND_AFTER = re.compile(
     rf"^\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?\d|^\s*\)?\s*=|^\s*(?:[-+*/\u00d7\u00f7^]|\s[xX])\s*$"
 )
-#: a result verb just before a number: "= 8", "is 4", "equals 12", "leaving 3", "gives 7"
+_RESULT_TAIL = (
+    r"(?:\s+(?:us|you|me))?\s*(?:\*\*)?\s*"
+    r"(?:approximately\s+|about\s+|exactly\s+|only\s+|simply\s+|just\s+)?\(?\s*\$?\s*$"
+)
+#: a result verb just before a number: "= 8", "is 4", "equals 12", "leaving 3", "gives us 7"
 _RESULT_BEFORE = re.compile(
-    r"(?:=|\b(?:is|are|was|were|be|equals?|gives?|gave|get|gets|got|makes?|made|leaves|"
-    r"leaving|left\s+with|total(?:\s+of)?|results?\s+in|comes?\s+to|needs?|has|have|had))"
-    r"\s*(?:\*\*)?\s*(?:approximately\s+|about\s+|exactly\s+|only\s+)?\(?\s*\$?\s*$",
+    r"(?:=|\b(?:is|are|was|were|be|equals?|gives?|gave|makes?|made|leaves|leaving|left\s+with|"
+    r"total(?:\s+of)?|results?\s+in|comes?\s+to))" + _RESULT_TAIL,
     re.IGNORECASE,
 )
-_OPERAND_BEFORE = re.compile(rf"\d\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?$")
+#: a number that enumerates: a list marker ("1. ", "2) ") or a step ("Step 3")
+_ENUMERATES = re.compile(r"(?:^|\n)[ \t*#]*$|\bstep\s*$", re.IGNORECASE)
+#: an operand: a number (and its unit: "12 pages / 1") before an operator
+_OPERAND_BEFORE = re.compile(rf"\d(?:\s*[A-Za-z']+){{0,2}}\s*\)?\s*{_OPERATOR}\s*\(?\s*\$?$")
+_FUNCTIONS = r"(?:sin|cos|tan|cot|sec|csc|log|ln|exp|sqrt|mod|arcsin|arccos|arctan)"
 _LEADING_FILLER = re.compile(
     r"^(?:approximately|approx\.?|about|around|roughly|exactly|only|just|equal\s+to|equals|"
     r"a\s+total\s+of|total\s+of|of|is|be|\\approx|≈|~)\s*",
@@ -136,8 +143,17 @@ def clean_math(raw: str) -> str:
         s = _LEADING_FILLER.sub("", s.strip())
     s = _CURRENCY.sub("", s.strip())
     s = re.sub(r"(?<=[-\s])(?:\\\$|\$)(?=\d)", "", s)
+    if "=" in s:
+        # "5 + 3 = 8", "3 days * 4 people = 12 people": a worked computation; its result
+        # is the answer. An equation with variables on the left ("x^2 + y^2 = 1") is kept.
+        lhs, rhs = s.rsplit("=", 1)
+        bare = re.sub(r"\\[A-Za-z]+|(?<=\d)\s+[A-Za-z]{2,}[A-Za-z']*", "", lhs)
+        if rhs.strip() and not lhs.rstrip().endswith(("<", ">", "!")):
+            s = s if re.search(r"[A-Za-z]", bare) else rhs
     s = _TRAILING_WORDS.sub("", s.strip())
     s = s.strip().rstrip(".,;:!?").strip().strip("*`'\"").lstrip("#").strip()
+    # "indeed 32", "still 32": a word before a plain number is not part of it
+    s = re.sub(rf"^(?!{_FUNCTIONS}\b)[A-Za-z]{{2,}}\s+(?=-?\d[\d,]*(?:\.\d+)?%?$)", "", s)
     commented = _COMMENTED_NUMBER.match(s)
     if commented:
         s = commented[1]
@@ -145,37 +161,33 @@ def clean_math(raw: str) -> str:
     m = _VAR_ASSIGN.match(s)
     if m and not re.search(r"[=<>]", s[m.end() :]):
         s = s[m.end() :].strip()
-    elif "=" in s:
-        # "5 + 3 = 8": a worked computation; its result is the answer. An equation with
-        # variables on the left ("x^2 + y^2 = 1") is kept whole.
-        lhs, rhs = s.rsplit("=", 1)
-        if (
-            rhs.strip()
-            and not lhs.rstrip().endswith(("<", ">", "!"))
-            and not re.search(r"[A-Za-z]", re.sub(r"\\[A-Za-z]+", "", lhs))
-        ):
-            s = rhs.strip()
     return s
 
 
 def _looks_mathy(s: str) -> bool:
-    return bool(s) and (any(c.isdigit() for c in s) or "\\" in s or len(s) <= 2)
+    """Something a math answer can be: not empty, not cut off after an operator."""
+    complete = not re.search(rf"(?:=|{_OPERATOR})\s*$", s)
+    return bool(s) and complete and (any(c.isdigit() for c in s) or "\\" in s or len(s) <= 2)
 
 
 def stated_results(text: str, asked: frozenset[str] = frozenset()) -> list[str]:
     """The numbers ``text`` states as results, in order.
 
-    Operands of an arithmetic expression ("3 + 5", "2 * (4 - 1)") are not results. A
-    number after a result verb ("= 8", "is 4", "leaving 3") is one; any other number is
-    one unless it is among ``asked``, the numbers of the question ("To add 3 and 2, …"
-    restates the question, it answers nothing).
+    Operands of an arithmetic expression ("3 + 5", "2 * (4 - 1)", "12 pages / 1") and
+    enumerations (a list marker "1. ", "Step 3") are not results. A number after a result
+    verb ("= 8", "is 4", "gives us 3") or alone on its line is one; any other number is
+    one unless it is among ``asked``, the numbers of the question ("To add 3 and 2, …",
+    "Sophia has 32" restate the question, they answer nothing).
     """
     out = []
     for m in _NUMBER.finditer(text):
         before, after = text[max(0, m.start() - 24) : m.start()], text[m.end() : m.end() + 12]
         if _OPERAND_AFTER.match(after):
             continue
-        strong = bool(_RESULT_BEFORE.search(before))
+        if _ENUMERATES.search(before) and re.match(r"[.):][ \t]+\S|[ \t]*:", after):
+            continue
+        alone = re.search(r"(?:^|\n)[ \t]*$", before) and re.match(r"[ \t.]*(?:\n|$)", after)
+        strong = bool(_RESULT_BEFORE.search(before) or alone)
         if _OPERAND_BEFORE.search(before) and not re.search(r"=\s*\(?\s*\$?$", before):
             continue
         if not strong and _math_key_of(m[0]) in asked:
@@ -212,7 +224,7 @@ def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
         ans = clean_math(cand)
         if _looks_mathy(ans):
             return ans
-    for stmt in reversed(anchored_statements(text)):
+    for stmt in reversed(anchored_statements(text)[-32:]):  # the last statements decide
         if _NEGATED.match(stmt):
             continue  # "the answer is not an integer": no answer stated here
         ans = clean_math(cut_sentence(stmt))

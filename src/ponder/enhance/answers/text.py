@@ -1,23 +1,36 @@
 """Free-text answers: reduced to a short answer, grouped by entailment.
 
-A reply is first reduced to the sentence that states its answer (the last "the answer
-is …", else a concluding "So/Therefore/Thus …" sentence, else its first sentence), then
-to a short answer:
+A reply states its answer in its "the answer is …" statements (the last one that states
+something; one inside quotes does not count) — a reply with such a statement answers
+nothing else. Without one, a concluding "So/Therefore/Thus …" sentence (the last first),
+else its first sentence states it; list markers ("1. Pink: …" is ``Pink``) and a sentence
+that ends in ":" ("Here are some colours:") are not it. The statement is reduced to a
+short answer (an entity, yes/no, a relation word):
 
-* a sentence that starts with yes or no is that word ("No, 7 is not prime" → ``No``);
-* "X is Y" keeps the side that does not restate the question ("The capital of France is
-  Paris" → ``Paris``);
-* leading articles, a possessor and a trailing "of …" that only name what the question
-  names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``);
-* a short answer of two or more words, all of them the question's own, answers nothing:
-  None ("Liam to Susan" for "What is Liam to Susan?").
+* a quoted answer is the quote ('The answer is "Sarah" to …' → ``Sarah``); fillers go
+  ("indeed", "simply"); only the first clause counts ("Kai, which is …" → ``Kai``,
+  "a sibling of Rain, not a parent" → ``sibling``, "a boy who …" → ``boy``);
+* a reply that abstains ("I am not sure", "cannot be determined") or is negated ("not a
+  person") states nothing: None; one that starts with yes or no is that word ("No, 7 is
+  not prime" → ``No``);
+* "X is Y" keeps the side that restates less of the question once both are reduced
+  ("The capital of France is Paris" → ``Paris``, "Aria is the mother of David" →
+  ``mother``); outside an "answer is" statement, one about nothing the question asks
+  about states nothing ("Dave is married to Owen" for "What is Nova to Ryder?");
+* leading articles, a possessor and a trailing "of/to …" that only name what the prompt
+  names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``, "married to
+  Lisa" → ``married``);
+* a short answer of two or more words, all of them the asking sentence's own, answers
+  nothing: None ("Liam to Susan" for "What is Liam to Susan?").
 
 Two short answers are the same when their normalised forms are equal, when one's words
 are all in the other and the other's first word is one of them ("Paris" ≡ "Paris,
-France", but "France" ≢ "Paris, France"), or when the forms are at least
+France", but "France" ≢ "Paris, France"), when they are spelt apart ("mother in law" ≡
+"mother-in-law"), or when phrasings of at least four words each are at least
 :data:`TEXT_SIMILARITY_THRESHOLD` similar (difflib) — never when only one of them is
 negated or they differ in yes/no. Hyphenated words are one word ("mother" ≢
-"mother-in-law").
+"mother-in-law"). That follows the family-relationships scorer, which accepts one word
+in any case and no synonym: "wife" ≢ "spouse", and no two of its relation words are one.
 """
 
 from __future__ import annotations
@@ -43,6 +56,8 @@ __all__ = ["TEXT_SIMILARITY_THRESHOLD", "TextAnswer", "short_answer", "text_word
 TEXT_SIMILARITY_THRESHOLD = 0.85
 #: similarity is computed on at most this many normalised characters
 _COMPARE_CHARS = 2_000
+#: similarity groups answers of at least this many words (a phrasing, not one word)
+_SIMILAR_WORDS = 4
 #: a statement longer than this many words is kept whole (it is not a short answer)
 _SHORT_WORDS = 12
 
@@ -58,6 +73,21 @@ _YES_NO = re.compile(r"^\W*(yes|no)\b", re.IGNORECASE)
 _CONCLUSION = re.compile(r"^\W*(?:so|therefore|thus|hence|in\s+conclusion)\b[,:]?\s*", re.I)
 _COPULA = re.compile(r"\s(?:is|are|was|were|would\s+be|will\s+be)\s", re.IGNORECASE)
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+#: a list item ("1. Pink: a soft colour", "- Pink"): its marker goes, a "head:" is the item
+_LIST_ITEM = re.compile(
+    r"^[ \t]*(?:\d{1,2}[.)]|[-*\u2022])[ \t]+(?:\*\*)?(?:([^:\n]{1,40}?)(?:\*\*)?:[ \t].*)?", re.M
+)
+#: where a short answer's first clause ends: "Kai, which is …", "a boy who …", "…, not a parent"
+_CLAUSE = re.compile(r"[,;]\s|\s(?:which|who|whom|whose|that|because|since|but|where)\s", re.I)
+_FILLER = re.compile(r"^(?:indeed|simply|just|actually|clearly|certainly|obviously)\s+", re.I)
+_QUOTED = re.compile(r"^[\"\u201c]([^\"\u201d\n]+?)[.!]?[\"\u201d]")
+_NEGATED = re.compile(r"^(?:not|never|none|unknown|unclear)\b", re.IGNORECASE)
+#: a reply that says it has no answer: "I am not sure", "I don't know", "cannot tell"
+_ABSTAINS = re.compile(
+    r"\b(?:not\s+sure|(?:don't|do\s+not|doesn't|does\s+not)\s+know|(?:cannot|can't|can\s+not)\s+"
+    r"(?:be\s+)?(?:determined?|tell|say|know|answer))\b",
+    re.IGNORECASE,
+)
 _POSSESSIVE = re.compile(r"^([\w-]+)(?:'s|\u2019s|')\s+(?=\S)", re.IGNORECASE)
 _TRAILING_OF = re.compile(r"\s(?:of|to|for)\s+(.+)$", re.IGNORECASE)
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+", re.IGNORECASE)
@@ -81,74 +111,94 @@ def _stem(word: str) -> str:
     return word[:-1] if len(word) > 3 and word.endswith("s") and not word.endswith("ss") else word
 
 
-def _statement(text: str) -> tuple[str, bool]:
-    """The sentence that states the answer, and whether an "answer is" anchor gave it."""
+def _statements(text: str) -> tuple[list[str], bool]:
+    """The candidate answer statements, best first, and whether "answer is" anchors gave
+    them: the first sentence after each anchor, the last first (an anchor inside quotes
+    does not count); without anchors, concluding "So/Therefore …" sentences, the last
+    first, then the first sentence."""
     tail = text[-TAIL_CHARS:]
-    anchors = list(ANSWER_ANCHOR.finditer(tail))
-    for m in reversed(anchors):
+    anchored = []
+    for m in reversed(list(ANSWER_ANCHOR.finditer(tail))):
+        if tail.count('"', tail.rfind("\n", 0, m.start()) + 1, m.start()) % 2:
+            continue  # quoted: 'the answer is "Sarah" to the sentence "The answer is Zion."'
         rest = tail[m.end() :].strip()
         first = _SENTENCE.split(rest, maxsplit=1)[0].strip() if rest else ""
         if first:
-            return first, True
-    sentences = [s.strip() for s in _SENTENCE.split(tail) if s.strip()]
-    if not sentences:
-        return "", False
-    for sentence in reversed(sentences):
-        if _CONCLUSION.match(sentence):
-            return _CONCLUSION.sub("", sentence, count=1), False
-    return sentences[0], False
+            anchored.append(first)
+    if anchored:
+        return anchored, True
+    listed = _LIST_ITEM.sub(lambda m: m[1] or "", tail)
+    # a sentence that ends in ":" introduces what follows ("Here are some colours:")
+    sentences = [s.strip() for s in _SENTENCE.split(listed) if s.strip() and s[-1] != ":"]
+    concluding = [_CONCLUSION.sub("", s, count=1) for s in sentences if _CONCLUSION.match(s)]
+    return [*reversed(concluding), *sentences[:1]], False
 
 
-def _restates(part: str, question: Question) -> float:
-    """The share of ``part``'s content words that the question already contains."""
-    words = _content(text_words(part))
-    if not words:
+def _restates(part: str, words: frozenset[str]) -> float:
+    """The share of ``part``'s content words that ``words`` (the question's) contain."""
+    content = _content(text_words(part))
+    if not content:
         return 1.0
-    asked = {_stem(w) for w in question.words}
-    return sum(_stem(w) in asked for w in words) / len(words)
+    asked = {_stem(w) for w in words}
+    return sum(_stem(w) in asked for w in content) / len(content)
 
 
 def _drop_question_words(answer: str, question: Question) -> str:
-    """Articles, a possessor and a trailing "of …" naming only what the question names."""
+    """Articles, a possessor and a trailing "of/to/for …" naming only what the prompt
+    names ("the mother of David", "married to Lisa")."""
     s = _ARTICLE.sub("", answer.strip())
     m = _POSSESSIVE.match(s)
-    if m and _restates(m[1], question) == 1.0 and s[m.end() :].strip():
+    if m and _restates(m[1], question.words) == 1.0 and s[m.end() :].strip():
         s = _ARTICLE.sub("", s[m.end() :])
     m = _TRAILING_OF.search(s)
-    if m and _restates(m[1], question) == 1.0 and s[: m.start()].strip():
+    if m and _restates(m[1], question.words) == 1.0 and s[: m.start()].strip():
         s = s[: m.start()]
-    return s.strip()
+    return s.strip() or answer.strip()
+
+
+def _reduce(statement: str, question: Question, anchored: bool) -> str | None:
+    """The short answer one statement gives (see the module docstring), or None."""
+    s = " ".join(statement.split()).strip().strip("*`").strip()
+    s = _FILLER.sub("", s)
+    quoted = _QUOTED.match(s)
+    if quoted:
+        s = quoted[1]
+    s = s.strip().strip("*`\"'“”").rstrip(".!").strip().strip("*`\"'“”").strip()
+    if not any(c.isalnum() for c in s):
+        return None
+    if _ABSTAINS.search(s):
+        return None  # "I am not sure", "No, I cannot tell": no answer stated
+    yes_no = _YES_NO.match(s)
+    if yes_no:
+        return yes_no[1].capitalize()
+    if _NEGATED.match(s):
+        return None  # "the answer is not a person": no answer stated here
+    s = _CLAUSE.split(s, maxsplit=1)[0].strip() or s
+    if len(s.split()) > _SHORT_WORDS:
+        return s
+    parts = _COPULA.split(f" {s} ", maxsplit=1)
+    if len(parts) == 2 and parts[0].strip() and parts[1].strip():
+        about = _content(text_words(parts[0])) and _content(list(question.asked))
+        if not anchored and about and not _restates(s, question.asked):
+            return None  # "Dave is married to Owen" for "What is Nova to Ryder?"
+        # "X is Y": the side that restates less of the question, once reduced
+        subject, predicate = (_drop_question_words(p, question) for p in parts)
+        keep_subject = _restates(subject, question.asked) < _restates(predicate, question.asked)
+        s = parts[0] if keep_subject else parts[1]
+    if question.asked and len(_content(text_words(s))) >= 2 and _restates(s, question.asked) == 1:
+        return None  # "Liam to Susan" for "What is Liam to Susan?": no answer
+    return _drop_question_words(s, question).strip(" ,;:") or None
 
 
 def short_answer(text: str, question: Question) -> tuple[str | None, bool]:
     """The short answer a reply states (see the module docstring) and whether it was
     anchored by "the answer is"; ``(None, False)`` for a reply that states nothing."""
-    statement, anchored = _statement(text)
-    s = " ".join(statement.split()).strip().strip("*`\"'“”").strip()
-    s = s.rstrip(".!").strip().strip("*`\"'“”").strip()
-    if not s or not any(c.isalnum() for c in s):
-        return None, False
-    yes_no = _YES_NO.match(s)
-    if yes_no:
-        return yes_no[1].capitalize(), anchored
-    if len(s.split()) <= _SHORT_WORDS:
-        parts = _COPULA.split(f" {s} ", maxsplit=1)
-        if len(parts) == 2 and parts[0].strip() and parts[1].strip():
-            subject, predicate = parts[0].strip(), parts[1].strip()
-            if _restates(subject, question) >= _restates(predicate, question):
-                s = predicate
-            else:
-                s = subject
-        if _only_restates(s, question):
-            return None, False  # "Liam to Susan" for "What is Liam to Susan?": no answer
-        s = _drop_question_words(s, question) or s
-    return s.strip(" ,;:") or None, anchored
-
-
-def _only_restates(s: str, question: Question) -> bool:
-    return (
-        bool(question.words) and len(_content(text_words(s))) >= 2 and _restates(s, question) == 1.0
-    )
+    statements, anchored = _statements(text)
+    for statement in statements:
+        answer = _reduce(statement, question, anchored)
+        if answer is not None:
+            return answer, anchored
+    return None, False
 
 
 @functools.lru_cache(maxsize=4096)
@@ -175,8 +225,8 @@ class TextAnswer(AnswerType):
         if a == b:
             return True
         wa, wb = _key_words(a), _key_words(b)
-        if wa == wb:
-            return True
+        if wa == wb or "".join(wa) == "".join(wb):
+            return True  # "mother in law" is "mother-in-law" spelt apart
         if not wa or not wb:
             return False
         polar = {"yes", "no"}
@@ -188,6 +238,8 @@ class TextAnswer(AnswerType):
         short, long = sorted((ca, cb), key=lambda w: (len(w), w))
         if set(short) <= set(long) and long[0] in short:
             return True
+        if min(len(wa), len(wb)) < _SIMILAR_WORDS:
+            return False  # "mother-in-law" is not "brother-in-law", though 87 % similar
         na, nb = sorted((" ".join(wa)[:_COMPARE_CHARS], " ".join(wb)[:_COMPARE_CHARS]))
         matcher = difflib.SequenceMatcher(None, na, nb, autojunk=False)
         return (
