@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from typing import Any
 
 import pytest
 
@@ -68,3 +69,23 @@ class ActOnCheck(threading.Event):
         if self.checks_left == 0:
             self.action()
         return super().is_set()
+
+
+#: chats whose templated texts and ids the tokenizer tests compare with transformers'
+CONVERSATIONS: list[list[dict[str, Any]]] = [
+    [{"role": "user", "content": "What is the capital of France?"}],
+    [
+        {"role": "system", "content": "Answer in one word."},
+        {"role": "user", "content": "Colour of the sky?"},
+    ],
+    [
+        {"role": "user", "content": "Hi"},
+        {"role": "assistant", "content": "Hello! How can I help?"},
+        {
+            "role": "user",
+            "content": "Écris « bonjour » en 日本語, then add 2 + 2 = ?\n\n\tDone. 😀",
+        },
+    ],
+    [{"role": "user", "content": "def f():\n    return 12345  # <|im_end|>"}],
+    [{"role": "user", "content": ""}],
+]

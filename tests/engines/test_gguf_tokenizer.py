@@ -18,10 +18,12 @@ from gguf import GGUFReader, GGUFValueType, GGUFWriter
 from tokenizers import Tokenizer
 from transformers import AutoConfig, AutoTokenizer
 
+from ponder.config import load_settings
 from ponder.engines.gguf_tokenizer import eos_ids, read_tokenizer_metadata, write_tokenizer
-from ponder.engines.models import PACKAGED_MODELS, assemble_gguf, load_tokenizer
+from ponder.engines.models import PACKAGED_MODELS, assemble_gguf, engine_files, load_tokenizer
 from ponder.engines.tokenizer import ChatTokenizer
 from ponder.errors import ConfigError
+from tests.engines.prompts import CONVERSATIONS
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
 
@@ -45,23 +47,6 @@ TEXTS = [
     "",
 ]
 
-CONVERSATIONS: list[list[dict[str, Any]]] = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [
-        {"role": "system", "content": "Answer in one word."},
-        {"role": "user", "content": "Colour of the sky?"},
-    ],
-    [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello! How can I help?"},
-        {
-            "role": "user",
-            "content": "Écris « bonjour » en 日本語, then add 2 + 2 = ?\n\n\tDone. 😀",
-        },
-    ],
-    [{"role": "user", "content": "def f():\n    return 12345  # <|im_end|>"}],
-    [{"role": "user", "content": ""}],
-]
 
 #: texts whose ids llama.cpp (and OpenVINO GenAI) give differently, on purpose: for
 #: "smollm" llama.cpp splits digits off before GPT-2's regex (as SmolLM2's own
@@ -143,13 +128,12 @@ def test_the_special_tokens_and_end_ids_equal_transformers(case: Case) -> None:
 
 
 def test_token_ids_equal_openvino_genai(case: Case) -> None:
-    openvino_genai = pytest.importorskip("openvino_genai")
-    try:
-        ov = openvino_genai.Tokenizer(str(case.gguf))
-    except RuntimeError as e:  # it loads the tensors too, and not every quantization
-        pytest.skip(
-            f"OpenVINO GenAI cannot load {case.name}'s GGUF file: {' '.join(str(e).split()[-3:])}"
-        )
+    import openvino_genai
+
+    # OpenVINO reads the tensors too, and not Qwen's Q5_0 ones: the engine's f16 file (the
+    # same tokenizer metadata) is what it reads
+    files = engine_files(case.name, load_settings().model_cache_dir, "f16")
+    ov = openvino_genai.Tokenizer(str(files / "model.gguf"))
     for text in TEXTS:
         if not text or text in LLAMA_CPP_DIFFERS.get(case.name, ()):
             continue

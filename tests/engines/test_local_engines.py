@@ -254,8 +254,12 @@ async def test_a_row_s_text_is_the_same_alone_in_a_static_batch_and_joining_mid_
 
 @pytest.mark.timeout(180)
 async def test_a_short_answer_beside_an_essay_ends_first(model_engine: OpenVINOEngine) -> None:
-    essay = asyncio.create_task(model_engine.submit(greedy(STORY, 120)))
-    await asyncio.sleep(0.2)
+    writing = asyncio.Event()
+    essay_request = SampleRequest(
+        prompt=STORY, max_new_tokens=120, on_text=lambda _piece: writing.set()
+    )
+    essay = asyncio.create_task(model_engine.submit(essay_request))
+    await asyncio.wait_for(writing.wait(), 60)  # the essay runs: the answer joins beside it
     short = asyncio.create_task(model_engine.submit(greedy("What is 3 + 3?", 16)))
     done, _ = await asyncio.wait({essay, short}, return_when=asyncio.FIRST_COMPLETED)
     assert done == {short}

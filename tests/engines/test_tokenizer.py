@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 from pathlib import Path
-from typing import Any
 
 import pytest
 from transformers import AutoTokenizer
@@ -13,22 +12,9 @@ from ponder.config import load_settings
 from ponder.engines.models import checkpoint_dir, load_tokenizer
 from ponder.engines.tokenizer import ChatTokenizer
 from ponder.errors import ConfigError
+from tests.engines.prompts import CONVERSATIONS
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
-
-CONVERSATIONS: list[list[dict[str, Any]]] = [
-    [{"role": "user", "content": "What is the capital of France?"}],
-    [
-        {"role": "system", "content": "Answer in one word."},
-        {"role": "user", "content": "Colour of the sky?"},
-    ],
-    [
-        {"role": "user", "content": "Hi"},
-        {"role": "assistant", "content": "Hello! How can I help?"},
-        {"role": "user", "content": "Écris « bonjour » en 日本語, then add 2 + 2 = ?\n\n\tDone."},
-    ],
-    [{"role": "user", "content": ""}],
-]
 
 
 @pytest.fixture(scope="module")

@@ -55,11 +55,10 @@ from typing import Any
 
 from ponder.config import Settings
 from ponder.engines import openvino_process
-from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.continuous import ContinuousEngine
+from ponder.engines.base import SampleOutput
 from ponder.engines.gguf_weights import model_architecture
 from ponder.engines.models import engine_files
-from ponder.engines.textrows import TokenRow, encode_prompt
+from ponder.engines.textrows import LocalModelEngine, TokenRow
 from ponder.errors import ConfigError, EngineError
 
 __all__ = ["OpenVINOEngine"]
@@ -91,7 +90,7 @@ class _Row(TokenRow):
     crashes: int = 0
 
 
-class OpenVINOEngine(ContinuousEngine["_Row"]):
+class OpenVINOEngine(LocalModelEngine["_Row"]):
     """The default local engine; see the module docstring.
 
     ``start()`` writes the model's cache entry the first time and starts the engine
@@ -103,20 +102,9 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
     first_token_at_prefill = False
 
     def __init__(self, settings: Settings) -> None:
-        super().__init__(
-            max_rows=settings.engine_max_rows,
-            max_queue=settings.engine_max_queue,
-            max_wait_ms=settings.engine_max_wait_ms,
-            quotas=settings.priority_quotas,
-            preempt_after_ms=settings.engine_preempt_after_ms,
-        )
-        self.model_name = settings.model
-        self._settings = settings
+        super().__init__(settings)
         self.weights = settings.engine_weights
         self.restarts = 0
-        self._tokenizer: Any = None
-        #: a second tokenizer for prompt_length(), which runs on the event loop's thread
-        self._length_tokenizer: Any = None
         self._eos_ids: frozenset[int] = frozenset()
         self._context_length = 0
         self._kv_capacity = 0
@@ -150,25 +138,13 @@ class OpenVINOEngine(ContinuousEngine["_Row"]):
             "process_restarts": self.restarts,
         }
 
-    def prompt_length(self, request: SampleRequest) -> int:
-        """The templated prompt's length in tokens (characters before the model is loaded)."""
-        if self._length_tokenizer is None:
-            return super().prompt_length(request)
-        try:
-            return len(encode_prompt(self._length_tokenizer, request))
-        except EngineError:
-            return super().prompt_length(request)
-
     # --- set-up (model thread) --------------------------------------------------------
     def _setup(self) -> None:
-        import copy
-
         from ponder.engines.tokenizer import ChatTokenizer
 
         settings = self._settings
         files = engine_files(settings.model, settings.model_cache_dir, self.weights)
-        self._tokenizer = ChatTokenizer(files)
-        self._length_tokenizer = copy.deepcopy(self._tokenizer)
+        self._use_tokenizer(ChatTokenizer(files))
         self._context_length, self._eos_ids = _model_facts(files / "model.gguf")
         kv_tokens = settings.engine_kv_tokens or _KV_PER_ROW * settings.engine_max_rows
         self._kv_capacity = math.ceil(kv_tokens / _BLOCK) * _BLOCK

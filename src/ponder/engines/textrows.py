@@ -10,15 +10,19 @@ and builds the row's :class:`~ponder.engines.base.SampleOutput`.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Collection
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.continuous import Row
+from ponder.engines.continuous import ContinuousEngine, Row
 from ponder.errors import EngineError
 
-__all__ = ["Detokenizer", "TokenRow", "encode_prompt", "stop_position"]
+if TYPE_CHECKING:
+    from ponder.config import Settings
+
+__all__ = ["Detokenizer", "LocalModelEngine", "TokenRow", "encode_prompt", "stop_position"]
 
 
 @dataclass(eq=False)
@@ -96,6 +100,42 @@ class TokenRow(Row):
             mean_logprob=sum(self.logprobs) / n if n else None,
             token_logprobs=list(self.logprobs),
         )
+
+
+R = TypeVar("R", bound=TokenRow)
+
+
+class LocalModelEngine(ContinuousEngine[R]):
+    """A continuous engine over a local model and its tokenizer, configured by settings."""
+
+    def __init__(self, settings: Settings) -> None:
+        super().__init__(
+            max_rows=settings.engine_max_rows,
+            max_queue=settings.engine_max_queue,
+            max_wait_ms=settings.engine_max_wait_ms,
+            quotas=settings.priority_quotas,
+            preempt_after_ms=settings.engine_preempt_after_ms,
+        )
+        self.model_name = settings.model
+        self._settings = settings
+        self._tokenizer: Any = None
+        #: a second tokenizer for prompt_length(), which runs on the event loop's thread:
+        #: a fast tokenizer must not be used by two threads at once
+        self._length_tokenizer: Any = None
+
+    def _use_tokenizer(self, tokenizer: Any) -> None:
+        """The model's tokenizer (in the model thread), and a copy for prompt_length()."""
+        self._length_tokenizer = copy.deepcopy(tokenizer)
+        self._tokenizer = tokenizer
+
+    def prompt_length(self, request: SampleRequest) -> int:
+        """The templated prompt's length in tokens (characters before the model is loaded)."""
+        if self._length_tokenizer is not None:
+            try:
+                return len(encode_prompt(self._length_tokenizer, request))
+            except EngineError:
+                pass
+        return super().prompt_length(request)
 
 
 def encode_prompt(tokenizer: Any, request: SampleRequest) -> list[int]:

@@ -32,7 +32,6 @@ arrays; torch is imported by the runner alone (``engines/hf.py``).
 from __future__ import annotations
 
 import contextlib
-import copy
 import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -40,9 +39,8 @@ from typing import Any
 
 from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.engines.continuous import ContinuousEngine
 from ponder.engines.models import load_model
-from ponder.engines.textrows import TokenRow, encode_prompt
+from ponder.engines.textrows import LocalModelEngine, TokenRow
 from ponder.errors import ConfigError, EngineError
 
 _NEEDS_MODEL_EXTRA = (
@@ -77,7 +75,7 @@ class _Row(TokenRow):
     generator: numpy.random.Generator | None = None
 
 
-class TransformersEngine(ContinuousEngine["_Row"]):
+class TransformersEngine(LocalModelEngine["_Row"]):
     """A local causal LM (``settings.model``) with continuous batching in one thread.
 
     ``start()`` loads the model (converting and caching a GGUF model the first time);
@@ -90,22 +88,10 @@ class TransformersEngine(ContinuousEngine["_Row"]):
     row_class = _Row
 
     def __init__(self, settings: Settings, *, share_prefix: bool = True) -> None:
-        super().__init__(
-            max_rows=settings.engine_max_rows,
-            max_queue=settings.engine_max_queue,
-            max_wait_ms=settings.engine_max_wait_ms,
-            quotas=settings.priority_quotas,
-            preempt_after_ms=settings.engine_preempt_after_ms,
-        )
-        self.model_name = settings.model
-        self._settings = settings
+        super().__init__(settings)
         self._share_prefix = share_prefix
         self._step_tokens = settings.engine_step_tokens
         self._runner: ModelRunner | None = None
-        self._tokenizer: Any = None
-        #: a second tokenizer for prompt_length(), which runs on the event loop's thread:
-        #: a fast tokenizer must not be used by two threads at once
-        self._length_tokenizer: Any = None
         max_bytes = int(settings.engine_prefix_cache_mb * 2**20) if share_prefix else 0
         self._prefixes = _PrefixCache(max_bytes)
         #: chunked prefills in progress, by prompt
@@ -115,8 +101,7 @@ class TransformersEngine(ContinuousEngine["_Row"]):
     def _setup(self) -> None:
         runner = _torch_runner(self._settings)
         self._prefixes.max_entries = runner.max_prefixes
-        self._length_tokenizer = copy.deepcopy(runner.tokenizer)
-        self._tokenizer = runner.tokenizer
+        self._use_tokenizer(runner.tokenizer)
         self._runner = runner
 
     def _teardown(self) -> None:
@@ -135,15 +120,6 @@ class TransformersEngine(ContinuousEngine["_Row"]):
     def batch_invariant(self) -> bool:
         """Whether a row's text is the same alone and in any batch (see ModelRunner)."""
         return self._runner is None or self._runner.batch_invariant
-
-    def prompt_length(self, request: SampleRequest) -> int:
-        """The templated prompt's length in tokens (characters before the model is loaded)."""
-        if self._length_tokenizer is None:
-            return super().prompt_length(request)
-        try:
-            return len(encode_prompt(self._length_tokenizer, request))
-        except EngineError:
-            return super().prompt_length(request)
 
     # --- rows -------------------------------------------------------------------------
     def _open(self, row: _Row) -> None:
