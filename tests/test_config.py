@@ -35,6 +35,14 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     assert s.mode("fast").samples == 1
 
 
+def test_model_aliases_are_pairs_or_a_json_object(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert load_settings().model_aliases == {}
+    monkeypatch.setenv("PONDER_MODEL_ALIASES", " gpt-4o = ponder, gpt-4o-mini=ponder-fast ")
+    assert load_settings().model_aliases == {"gpt-4o": "ponder", "gpt-4o-mini": "ponder-fast"}
+    monkeypatch.setenv("PONDER_MODEL_ALIASES", '{"o3": "ponder-deep"}')
+    assert load_settings().model_aliases == {"o3": "ponder-deep"}
+
+
 @pytest.mark.parametrize(
     ("var", "value", "fragment"),
     [
@@ -52,6 +60,10 @@ def test_reads_environment(monkeypatch: pytest.MonkeyPatch) -> None:
         ("PONDER_ENGINE_WEIGHTS", "q8_0", "ENGINE_WEIGHTS=q8_0: Input should be 'f16' or 'gguf'"),
         ("PONDER_ENGINE_KV_TOKENS", "-1", "PONDER_ENGINE_KV_TOKENS=-1"),
         ("PONDER_ENGINE_THREADS", "many", "PONDER_ENGINE_THREADS=many"),
+        ("PONDER_MODEL_ALIASES", "gpt-4o", "'gpt-4o' is not an alias=served-name pair"),
+        ("PONDER_MODEL_ALIASES", "gpt-4o=gpt-5", "'gpt-4o' names 'gpt-5'; give one of ponder,"),
+        ("PONDER_MODEL_ALIASES", "ponder=ponder-fast", "'ponder' is a served name already"),
+        ("PONDER_MODEL_ALIASES", "{x", "PONDER_MODEL_ALIASES={x: not a valid JSON object"),
     ],
 )
 def test_bad_values_say_what_to_change(

@@ -44,7 +44,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ponder.api.errors import ApiError
-from ponder.api.openai_common import OpenAIError, failure, submit
+from ponder.api.openai_common import OpenAIError, failure, openai_usage, submit
 from ponder.api.openai_compat import chat_body, completion_body
 from ponder.api.responses import KIND as RESPONSE_KIND
 from ponder.api.responses import parse_response_body, response_object
@@ -330,7 +330,7 @@ class BatchFeeder:
         else:
             status, body = render(task)
         ok = 200 <= status < 300
-        usage = (task.usage.prompt_tokens, task.usage.completion_tokens)
+        usage = openai_usage(task)
         await self._keep(
             obj, n, output_line(line.custom_id, task.id, status, body), ok=ok, usage=usage
         )

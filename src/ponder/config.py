@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import base64
 import itertools
+import json
 import os
 import re
 import socket
@@ -30,6 +31,7 @@ from ponder.errors import ConfigError
 
 __all__ = [
     "CROSS_FIELD_CHECKS",
+    "SERVED_MODELS",
     "Mode",
     "ModeConfig",
     "Settings",
@@ -44,6 +46,11 @@ class Mode(StrEnum):
     fast = "fast"
     standard = "standard"
     deep = "deep"
+
+
+#: the model names the OpenAI-compatible routes serve (``GET /v1/models``): ``ponder``
+#: (the standard mode) and one per mode
+SERVED_MODELS = ("ponder", *(f"ponder-{mode.value}" for mode in Mode))
 
 
 class ModeConfig(BaseModel):
@@ -122,6 +129,24 @@ def _split_csv(value: Any) -> Any:
     return value
 
 
+def _parse_aliases(value: Any) -> Any:
+    """``alias=served-name`` pairs, comma-separated, or a JSON object, as a dict."""
+    if not isinstance(value, str):
+        return value
+    if value.lstrip().startswith("{"):
+        try:
+            return json.loads(value)
+        except ValueError as e:
+            raise ValueError(f"not a valid JSON object ({e})") from e
+    pairs = {}
+    for part in _split_csv(value):
+        alias, sep, served = (p.strip() for p in part.partition("="))
+        if not sep:
+            raise ValueError(f"{part!r} is not an alias=served-name pair, e.g. gpt-4o=ponder")
+        pairs[alias] = served
+    return pairs
+
+
 class Settings(BaseSettings):
     """ponder's configuration. Each field is read from ``PONDER_<FIELD>``."""
 
@@ -160,6 +185,13 @@ class Settings(BaseSettings):
     retry_after_s: int = Field(default=1, ge=1, description="Retry-After of a 503 queue_full")
     api_keys: Annotated[list[str], NoDecode] = Field(
         default_factory=list, description="SHA-256 hex digests of the accepted API keys"
+    )
+    model_aliases: Annotated[dict[str, str], NoDecode] = Field(
+        default_factory=dict,
+        description="more model names the OpenAI-compatible routes accept (and /v1/models "
+        "lists): alias=served-name pairs, comma-separated (or a JSON object), e.g. "
+        "gpt-4o=ponder,gpt-4o-mini=ponder-fast; a served name is one of "
+        + ", ".join(SERVED_MODELS),
     )
 
     # --- limits -----------------------------------------------------------------------
@@ -406,6 +438,24 @@ class Settings(BaseSettings):
                     "each entry must be the SHA-256 hex digest of a key (64 hex characters); "
                     "`ponder keys new` prints one"
                 )
+        return value
+
+    @field_validator("model_aliases", mode="before")
+    @classmethod
+    def _read_aliases(cls, value: Any) -> Any:
+        return _parse_aliases(value)
+
+    @field_validator("model_aliases")
+    @classmethod
+    def _check_aliases(cls, value: dict[str, str]) -> dict[str, str]:
+        served = ", ".join(SERVED_MODELS)
+        for alias, target in value.items():
+            if not alias or len(alias) > 200 or not alias.isprintable():
+                raise ValueError(f"the alias {alias!r} must be 1 to 200 printable characters")
+            if alias in SERVED_MODELS:
+                raise ValueError(f"{alias!r} is a served name already; aliases name others")
+            if target not in SERVED_MODELS:
+                raise ValueError(f"{alias!r} names {target!r}; give one of {served}")
         return value
 
     @field_validator(

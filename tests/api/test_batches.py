@@ -187,13 +187,14 @@ async def test_bad_lines(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:
         chat_line("too-hot", "x", temperature=5),
         chat_line("fails", "[[fail]]"),
         chat_line("ok-2", "[[answers: 2]]"),
+        chat_line("unknown-model", "x", model="gpt-4o"),
     ]
     done = await until(
         sdk, (await sdk.batches.create(input_file_id=await upload(sdk, mixed),
                                        endpoint=CHAT, completion_window="24h")).id,
     )  # fmt: skip
     assert done.status == "completed" and done.request_counts is not None
-    assert (done.request_counts.completed, done.request_counts.failed) == (2, 2)
+    assert (done.request_counts.completed, done.request_counts.failed) == (2, 3)
     assert sorted(o["custom_id"] for o in await read_file(sdk, done.output_file_id)) == [
         "ok-1",
         "ok-2",
@@ -203,6 +204,10 @@ async def test_bad_lines(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:
     assert hot["status_code"] == 422
     assert hot["body"]["error"]["param"] == "body.temperature"
     assert hot["body"]["error"]["message"].startswith("line 2: body.temperature")
+    unknown = errors_by_id["unknown-model"]["response"]
+    assert unknown["status_code"] == 404
+    assert unknown["body"]["error"]["code"] == "model_not_found"
+    assert unknown["body"]["error"]["message"].startswith("line 5: body.model")
     failure = errors_by_id["fails"]["response"]
     assert failure["status_code"] == 500 and failure["body"]["error"]["code"] == "engine_error"
 

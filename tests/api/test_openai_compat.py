@@ -65,14 +65,14 @@ async def test_chat_completion(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> N
 
 async def test_n_and_deep_mode(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:
     completion = await sdk.chat.completions.create(
-        model="any-model-name",
+        model="ponder",
         messages=ask("[[answers: 5, 6, 5, 5, 7]]"),
         n=3,
         temperature=0.7,
         max_tokens=64,
         extra_body={"mode": "deep"},
     )
-    assert completion.model == "any-model-name"
+    assert completion.model == "ponder"
     assert [c.index for c in completion.choices] == [0, 1, 2]
     ponder = extra(completion)
     assert completion.choices[0].message.content == ponder["text"]
@@ -179,11 +179,78 @@ async def test_a_failed_task_is_not_retried_by_the_sdk(
 
 async def test_models(sdk: AsyncOpenAI) -> None:
     models = [m.id async for m in sdk.models.list()]
-    assert "ponder" in models and "ponder-deep" in models
+    assert models == ["ponder", "ponder-fast", "ponder-standard", "ponder-deep"]
     model = await sdk.models.retrieve("ponder-deep")
     assert model.id == "ponder-deep" and model.object == "model"
-    with pytest.raises(openai.NotFoundError):
+    with pytest.raises(openai.NotFoundError) as info:
         await sdk.models.retrieve("gpt-17")
+    assert info.value.code == "model_not_found"
+
+
+async def test_an_unknown_model_is_404_model_not_found(
+    sdk: AsyncOpenAI, client: httpx.AsyncClient
+) -> None:
+    """As OpenAI and vLLM answer: 404 ``model_not_found``, and no task is made."""
+    for stream in (False, True):
+        with pytest.raises(openai.NotFoundError) as info:
+            await sdk.chat.completions.create(
+                model="gpt-4o", messages=ask("[[answers: 1]]"), stream=stream
+            )
+        body: Any = info.value.body
+        assert body["code"] == "model_not_found" and body["param"] == "model"
+        assert body["type"] == "invalid_request_error"
+        assert "gpt-4o" in body["message"] and "PONDER_MODEL_ALIASES" in body["message"]
+    with pytest.raises(openai.NotFoundError) as info:
+        await sdk.responses.create(model="gpt-4o", input="[[answers: 1]]")
+    assert info.value.code == "model_not_found"
+    assert (await client.get("/v1/tasks")).json()["data"] == []
+
+
+async def test_model_aliases(settings: Settings) -> None:
+    """PONDER_MODEL_ALIASES: an alias is accepted and listed; the answer names the served
+    model, whose mode runs."""
+    aliased = settings.model_copy(update={"model_aliases": {"gpt-4o": "ponder-deep"}})
+    async with (
+        LiveServer(aliased, workers=1) as live,
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
+        httpx.AsyncClient(base_url=live.url) as client,
+    ):
+        assert [m.id async for m in sdk.models.list()][-1] == "gpt-4o"
+        assert (await sdk.models.retrieve("gpt-4o")).id == "gpt-4o"
+        completion = await sdk.chat.completions.create(
+            model="gpt-4o", messages=ask("[[answers: 5, 5, 5, 5, 5]]")
+        )
+        assert completion.model == "ponder-deep"
+        response = await sdk.responses.create(model="gpt-4o", input="[[answers: 5, 5, 5, 5, 5]]")
+        assert response.model == "ponder-deep"
+        for task_id in (extra(completion)["task_id"], extra(response)["task_id"]):
+            assert (await client.get(f"/v1/tasks/{task_id}")).json()["mode"] == "deep"
+        with pytest.raises(openai.NotFoundError):
+            await sdk.chat.completions.create(model="gpt-4o-mini", messages=ask("x"))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_usage_counts_the_prompt_once(
+    sdk: AsyncOpenAI, client: httpx.AsyncClient, stream: bool
+) -> None:
+    """Standard mode with n=3 reads the prompt three times: OpenAI's usage counts it once;
+    the completion tokens are every sample's."""
+    create: Any = sdk.chat.completions.create
+    args = {"model": "ponder", "messages": ask("[[answers: 3, 4, 3]]"), "n": 3}
+    if stream:
+        stream_options = {"include_usage": True}
+        chunks = [c async for c in await create(**args, stream=True, stream_options=stream_options)]
+        usage, task_id = chunks[-1].usage, extra(chunks[-2])["task_id"]
+    else:
+        completion = await create(**args)
+        usage, task_id = completion.usage, extra(completion)["task_id"]
+    task = (await client.get(f"/v1/tasks/{task_id}")).json()
+    prompts = [s["tokens"]["prompt"] for s in task["samples"]]
+    assert len(prompts) == 3 and min(prompts) > 0
+    assert usage is not None
+    assert usage.prompt_tokens == max(prompts) < task["usage"]["prompt_tokens"]
+    assert usage.completion_tokens == sum(s["tokens"]["completion"] for s in task["samples"])
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
 
 
 async def test_auth(settings: Settings) -> None:
@@ -195,13 +262,13 @@ async def test_auth(settings: Settings) -> None:
             async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key=key, max_retries=0) as sdk:
                 if ok:
                     done = await sdk.chat.completions.create(
-                        model="p", messages=ask("[[answers: 2]]")
+                        model="ponder", messages=ask("[[answers: 2]]")
                     )
                     assert extra(done)["answer"] == "2"
                     assert [m.id async for m in sdk.models.list()]
                 else:
                     with pytest.raises(openai.AuthenticationError) as info:
-                        await sdk.chat.completions.create(model="p", messages=ask("x"))
+                        await sdk.chat.completions.create(model="ponder", messages=ask("x"))
                     assert info.value.body["type"] == "authentication_error"  # type: ignore[index]
                     with pytest.raises(openai.AuthenticationError):
                         await sdk.models.list()

@@ -111,7 +111,7 @@ async def test_a_webhook_url_needs_a_secret_and_a_public_host(settings: Settings
     ):
         with pytest.raises(openai.UnprocessableEntityError) as info:
             await sdk.responses.create(
-                model="p", input="x", background=True,
+                model="ponder", input="x", background=True,
                 extra_body={"webhook_url": "https://example.com/hook"},
             )  # fmt: skip
         assert "PONDER_WEBHOOK_SECRET" in info.value.message

@@ -65,9 +65,11 @@ async def test_background_response_is_polled_to_its_fused_answer(
     task = (await client.get(f"/v1/tasks/{ponder['task_id']}")).json()
     assert created.id == f"resp_{task['id']}"
     assert task["messages"][0] == {"role": "system", "content": "Be brief."}
-    # usage counts every sample's tokens
+    # usage counts the prompt once (three samples read it) and every sample's output
     assert done.usage is not None
-    assert done.usage.input_tokens == task["usage"]["prompt_tokens"]
+    prompts = [s["tokens"]["prompt"] for s in task["samples"]]
+    assert len(prompts) == 3 and min(prompts) > 0
+    assert done.usage.input_tokens == max(prompts) < task["usage"]["prompt_tokens"]
     assert done.usage.output_tokens == task["usage"]["completion_tokens"]
     assert done.usage.output_tokens == sum(s["tokens"]["completion"] for s in task["samples"])
     assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
@@ -216,7 +218,7 @@ async def test_store_false_and_delete(sdk: AsyncOpenAI, client: httpx.AsyncClien
     with pytest.raises(openai.NotFoundError):
         await sdk.responses.retrieve(unstored.id)
     with pytest.raises(openai.UnprocessableEntityError) as info:
-        await sdk.responses.create(model="p", input="x", store=False, background=True)
+        await sdk.responses.create(model="ponder", input="x", store=False, background=True)
     assert info.value.body["param"] == "store"  # type: ignore[index]
     # delete: a running response is cancelled first, then gone
     running = await sdk.responses.create(model="ponder", input="[[hang]]", background=True)
@@ -255,10 +257,11 @@ async def test_errors_in_openai_shape(sdk: AsyncOpenAI, client: httpx.AsyncClien
         ({"input": "x", "metadata": {"k": "v" * 600}}, "metadata"),
         ({"input": "x", "model": "ponder-fast", "samples": 2}, "samples"),
         ({"input": []}, "input"),
+        ({"input": "x", "model": "gpt-4o"}, "model"),
     ]
     for body, param in cases:
         r = await client.post("/v1/responses", json={"model": "ponder", **body})
-        assert r.status_code == 422, (body, r.text)
+        assert r.status_code == (404 if param == "model" else 422), (body, r.text)
         error = r.json()["error"]
         assert error["param"] == param and error["type"] == "invalid_request_error", error
         assert error["message"].startswith(param), error
@@ -283,7 +286,7 @@ async def test_a_key_sees_only_its_own_responses(settings: Settings) -> None:
         AsyncOpenAI(base_url=f"{live.url}/v1", api_key="a", max_retries=0) as alice,
         AsyncOpenAI(base_url=f"{live.url}/v1", api_key="b", max_retries=0) as bob,
     ):
-        mine = await alice.responses.create(model="p", input="[[hang]]", background=True)
+        mine = await alice.responses.create(model="ponder", input="[[hang]]", background=True)
         for call in (
             bob.responses.retrieve(mine.id),
             bob.responses.cancel(mine.id),

@@ -28,7 +28,7 @@ from ponder.api.errors import ApiError
 from ponder.api.events import follow_events, is_final
 from ponder.api.schemas import TaskCreate
 from ponder.api.tasks import build_task, cancel_task
-from ponder.config import Mode, Settings
+from ponder.config import SERVED_MODELS, Mode, Settings
 from ponder.errors import IdempotencyConflict, QueueFull, RecoverableError
 from ponder.ids import IdGenerator
 from ponder.store.base import TaskStore
@@ -46,10 +46,13 @@ __all__ = [
     "invalid",
     "list_body",
     "mode_of",
+    "model_names",
     "openai_errors",
+    "openai_usage",
     "ponder_field",
     "query_int",
     "read_json",
+    "served_model",
     "submit",
     "task_request",
     "text_of",
@@ -89,10 +92,13 @@ class OpenAIError(Exception):
         *,
         param: str | None = None,
         headers: dict[str, str] | None = None,
+        kind: str | None = None,
     ) -> None:
         super().__init__(message)
         self.status, self.code, self.message, self.param = status, code, message, param
         self.headers = headers or {}
+        #: the error's ``type``; None: the status code's
+        self.kind = kind
 
     @classmethod
     def from_api_error(cls, e: ApiError) -> OpenAIError:
@@ -104,7 +110,9 @@ class OpenAIError(Exception):
         return cls(404, "not_found", f"no {what} {obj_id!r}")
 
     def body(self) -> dict[str, Any]:
-        kind = _ERROR_TYPES.get(self.status, "server_error" if self.status >= 500 else "api_error")
+        kind = self.kind or _ERROR_TYPES.get(
+            self.status, "server_error" if self.status >= 500 else "api_error"
+        )
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
@@ -189,6 +197,39 @@ def invalid(e: ValidationError, prefix: str = "") -> OpenAIError:
         for err in e.errors()[:5]
     )
     return OpenAIError(422, "invalid", problems, param=param)
+
+
+def model_names(settings: Settings) -> list[str]:
+    """The model names the OpenAI routes accept and ``/v1/models`` lists: the served
+    names, then the aliases of ``PONDER_MODEL_ALIASES``."""
+    return [*SERVED_MODELS, *settings.model_aliases]
+
+
+def served_model(model: str, settings: Settings, param: str = "model") -> str:
+    """The served name a request's ``model`` stands for (itself, or what its alias names);
+    404 ``model_not_found`` (OpenAI's answer) for any other name."""
+    if model in SERVED_MODELS:
+        return model
+    served = settings.model_aliases.get(model)
+    if served is None:
+        raise OpenAIError(
+            404,
+            "model_not_found",
+            f"{param}: the model `{model}` does not exist; this service serves "
+            f"{', '.join(model_names(settings))} (PONDER_MODEL_ALIASES maps other names)",
+            param=param,
+            kind="invalid_request_error",
+        )
+    return served
+
+
+def openai_usage(task: Task) -> tuple[int, int]:
+    """A task's (prompt, completion) tokens as OpenAI counts them: the prompt once, however
+    many samples read it (the longest of their prompts: they differ only in the
+    instruction of their reasoning path), and the completion tokens of every sample (and
+    of a clarifying question). ``/v1/tasks`` shows every sample's prompt tokens."""
+    prompt = max((s.tokens.prompt for s in task.samples), default=0)
+    return prompt, task.usage.completion_tokens
 
 
 def mode_of(model: str, mode: str | None) -> str:

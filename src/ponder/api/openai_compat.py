@@ -10,6 +10,11 @@ task's event log and answers in OpenAI's shape:
   fewer than ``n``, they are reused in turn).
 - ``stop`` is passed to the engine, and each choice is cut at the first stop sequence.
 - a ``ponder`` field carries the task's ``result`` (plus ``task_id`` and ``status``).
+- ``model`` must be a name ``GET /v1/models`` lists: ``ponder`` (standard mode),
+  ``ponder-fast|standard|deep``, or an alias of ``PONDER_MODEL_ALIASES``; any other is
+  404 ``model_not_found``, as OpenAI answers. The answer names the served model.
+- ``usage.prompt_tokens`` counts the prompt once whatever ``n`` and the mode;
+  ``completion_tokens`` counts every sample's tokens (the work done for the answer).
 - ``stream: true`` answers with ``chat.completion.chunk`` events: the role at once, the
   text of a sample as the model writes it (from the task's ``delta`` events), keep-alive
   comments while nothing happens, then the answer, the finish reason (and the usage with
@@ -50,9 +55,12 @@ from ponder.api.openai_common import (
     failure,
     invalid,
     mode_of,
+    model_names,
     openai_errors,
+    openai_usage,
     ponder_field,
     read_json,
+    served_model,
     submit,
     task_request,
     text_of,
@@ -70,7 +78,6 @@ log = logging.getLogger("ponder.api")
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
-MODEL_IDS = ("ponder", "ponder-fast", "ponder-standard", "ponder-deep")
 _MODEL_CREATED = 1_764_412_800  # 2025-11-29: a fixed date, as OpenAI's list shows
 _MAX_STOP = 4
 
@@ -113,6 +120,7 @@ def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tup
         req = ChatCompletionRequest.model_validate(body)
     except ValidationError as e:
         raise invalid(e, prefix) from e
+    req.model = served_model(req.model, settings, f"{prefix}model")
     mode = settings.mode(req.selected_mode())
     if req.n > mode.max_samples:
         raise OpenAIError(
@@ -178,7 +186,7 @@ def _choices(task: Task, n: int, stops: list[str]) -> list[dict[str, Any]]:
 
 
 def _usage(task: Task) -> dict[str, int]:
-    prompt, completion = task.usage.prompt_tokens, task.usage.completion_tokens
+    prompt, completion = openai_usage(task)
     return {
         "prompt_tokens": prompt,
         "completion_tokens": completion,
@@ -337,9 +345,11 @@ def _model(model_id: str) -> dict[str, Any]:
 @router.get("/models")
 @openai_errors
 async def list_models(request: Request) -> Response:
-    """The model names this service answers to: ``ponder`` and ``ponder-<mode>``."""
+    """The model names this service answers to: ``ponder`` and ``ponder-<mode>``, then the
+    aliases of ``PONDER_MODEL_ALIASES``."""
     await caller(request)
-    return JSONResponse({"object": "list", "data": [_model(m) for m in MODEL_IDS]})
+    names = model_names(get_state(request).settings)
+    return JSONResponse({"object": "list", "data": [_model(m) for m in names]})
 
 
 @router.get("/models/{model_id}")
@@ -347,8 +357,5 @@ async def list_models(request: Request) -> Response:
 async def get_model(model_id: str, request: Request) -> Response:
     """One model of :func:`list_models`."""
     await caller(request)
-    if model_id not in MODEL_IDS:
-        raise OpenAIError(
-            404, "model_not_found", f"the model {model_id!r} does not exist", param="model"
-        )
+    served_model(model_id, get_state(request).settings)  # 404 model_not_found
     return JSONResponse(_model(model_id))

@@ -5,7 +5,8 @@ A response is a task: ``resp_<task id>``. Its status maps from the task's: ``pen
 ``queued``, ``running`` → ``in_progress``, ``done`` → ``completed``, ``partial_done`` →
 ``incomplete`` (``incomplete_details.reason``: ``partial_samples``), ``failed`` →
 ``failed`` (``error``), ``cancelled`` → ``cancelled``. ``output`` is the fused answer as one
-assistant message, ``usage`` counts every sample's tokens, and a ``ponder`` field
+assistant message, ``usage`` counts the prompt once and every sample's output tokens
+(:func:`~ponder.api.openai_common.openai_usage`), and a ``ponder`` field
 carries the vote (as on the chat route). ponder's own fields come through the SDK's
 ``extra_body``: ``mode``, ``task_type``, ``priority``, ``samples``, ``timeout_s``, ``stop``
 and ``webhook_url``.
@@ -49,9 +50,11 @@ from ponder.api.openai_common import (
     list_body,
     mode_of,
     openai_errors,
+    openai_usage,
     ponder_field,
     query_int,
     read_json,
+    served_model,
     submit,
     task_request,
     text_of,
@@ -175,6 +178,7 @@ def parse_response_body(
         req = ResponseCreateRequest.model_validate(body)
     except ValidationError as e:
         raise invalid(e, prefix) from e
+    req.model = served_model(req.model, settings, f"{prefix}model")
     if req.tools:
         raise OpenAIError(
             422, "invalid", f"{prefix}tools: tools are not supported", param=f"{prefix}tools"
@@ -281,9 +285,7 @@ def response_object(
         "tools": [],
         "top_p": meta["top_p"] if meta["top_p"] is not None else 1.0,
         "truncation": "disabled",
-        "usage": usage_object(task.usage.prompt_tokens, task.usage.completion_tokens)
-        if final
-        else None,
+        "usage": usage_object(*openai_usage(task)) if final else None,
         "user": None,
         "ponder": ponder_field(task) if final else {"task_id": task.id, "status": status.value},
     }
