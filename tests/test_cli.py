@@ -6,13 +6,19 @@ import asyncio
 import json
 import os
 import re
+import signal
+import socket
 import sys
 from pathlib import Path
+from typing import Any
 
+import httpx
 import pytest
+from pydantic import SecretStr
 
 from ponder.config import Settings
-from tests.conftest import LiveServer
+from ponder.webhooks import generate_secret
+from tests.conftest import LiveServer, until, wait_for_task
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -76,11 +82,105 @@ async def test_serve_reports_an_engine_configuration_error_in_one_line(
 async def test_help_everywhere() -> None:
     commands = (
         [], ["serve"], ["api"], ["worker"], ["submit"], ["events"], ["get"], ["cancel"],
-        ["tasks"], ["keys", "new"], ["keys", "webhook-secret"],
+        ["wait"], ["tasks"], ["list"], ["keys", "new"], ["keys", "webhook-secret"],
     )  # fmt: skip
     for command in commands:
         code, out, _ = await run_cli(*command, "--help")
         assert code == 0 and "Usage" in out
+    # the SDK's verbs and the CLI's share names; each help says which is which
+    wide = {"COLUMNS": "200"}
+    _, out, _ = await run_cli("tasks", "--help", env=wide)
+    assert "ponder list" in out and "Client.list" in out
+    _, out, _ = await run_cli("list", "--help", env=wide)
+    assert "ponder tasks" in out and "Client.list" in out
+    _, out, _ = await run_cli("wait", "--help", env=wide)
+    assert "Client.wait" in out
+
+
+async def test_version() -> None:
+    from importlib.metadata import version
+
+    code, out, _ = await run_cli("--version")
+    assert code == 0 and out.strip() == f"ponder {version('ponder')}"
+
+
+async def test_submit_sets_the_request_fields(sqlite_settings: Settings) -> None:
+    """Each flag of `submit` becomes its field of the request (`--timeout`: timeout_s)."""
+    hooks = sqlite_settings.model_copy(
+        update={"webhook_secret": SecretStr(generate_secret()), "callback_allow_private": True}
+    )
+    async with LiveServer(hooks, workers=1) as live:
+        code, out, err = await run_cli(
+            "submit", "What is 2+2? [[answers: 4]]", "--max-new-tokens", "7",
+            "--temperature", "0.25", "--task-type", "math", "--timeout", "30",
+            "--target-confidence", "0.9", "--callback-url", f"{live.url}/hook",
+            "--wait", "--wait-timeout", "20", "--json", "--url", live.url,
+        )  # fmt: skip
+        assert code == 0, err
+        task = json.loads(out)
+        assert task["status"] == "done"
+        assert (task["max_new_tokens"], task["temperature"], task["task_type"]) == (7, 0.25, "math")
+        assert (task["timeout_s"], task["target_confidence"]) == (30, 0.9)
+        assert task["callback"]["url"] == f"{live.url}/hook"
+        # `ponder wait` shows an ended task at once, with submit --wait's exit code
+        code, out, _ = await run_cli("wait", task["id"], "--json", "--url", live.url)
+        assert code == 0 and json.loads(out)["id"] == task["id"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "field"),
+    [
+        ("--max-new-tokens", "0", "max_new_tokens"),
+        ("--temperature", "2.5", "temperature"),
+        ("--task-type", "poetry", "task_type"),
+        ("--timeout", "-1", "timeout_s"),
+        ("--target-confidence", "1.5", "target_confidence"),
+        ("--callback-url", "not a url", "callback_url"),
+    ],
+)
+async def test_a_bad_submit_flag_is_one_line_and_sends_nothing(
+    flag: str, value: str, field: str
+) -> None:
+    # nothing listens at this URL: the SDK refuses the request before sending it
+    code, out, err = await run_cli("submit", "x", flag, value, "--url", "http://127.0.0.1:9")
+    assert code == 2 and out == ""
+    assert "Traceback" not in err
+    (line,) = err.splitlines()
+    assert line.startswith(f"error 422 invalid: {field}: "), line
+
+
+async def test_tasks_and_list_are_one_command(sqlite_settings: Settings) -> None:
+    async with LiveServer(sqlite_settings, workers=0) as live:
+        code, out, _ = await run_cli("submit", "[[answers: 1]]", "--url", live.url)
+        assert code == 0
+        listed = [
+            (await run_cli(verb, "--json", "--url", live.url))[1] for verb in ("tasks", "list")
+        ]
+        assert listed[0] == listed[1] and out.strip() in listed[0]
+
+
+@pytest.mark.parametrize("command", ["serve", "api"])
+async def test_a_port_in_use_fails_before_the_model_loads(
+    command: str, tmp_path: Path, redis_url: str
+) -> None:
+    """One line naming --port and PONDER_PORT, exit 2, no traceback, and before the engine is
+    made: a model that does not exist would be the error otherwise."""
+    with socket.create_server(("127.0.0.1", 0)) as taken:
+        port = taken.getsockname()[1]
+        env = {
+            "PONDER_MODEL": "/nonexistent",
+            "PONDER_SQLITE_PATH": str(tmp_path / "p.db"),
+            "PONDER_REDIS_URL": redis_url,
+        }
+        code, _, err = await run_cli(command, env={**env, "PONDER_PORT": str(port)})
+        code_flag, _, err_flag = await run_cli(
+            command, "--port", str(port), env={**env, "PONDER_PORT": "0"}
+        )
+    assert code == code_flag == 2, err
+    assert err_flag == err and "Traceback" not in err
+    (line,) = err.splitlines()
+    assert line.startswith(f"error: cannot listen on 127.0.0.1:{port} (Address already in use)")
+    assert "--port" in line and "PONDER_PORT" in line
 
 
 async def test_keys_new_prints_key_and_digest() -> None:
@@ -215,3 +315,47 @@ def test_progress_view() -> None:
     assert "running" in text and "3/4" in text
     assert "408: 2 · 418: 1" in text
     assert "preliminary" in text and "0.80" in text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+async def test_serve_stops_without_leaking_semaphores(sig: signal.Signals, tmp_path: Path) -> None:
+    """`ponder serve`, stopped by a signal after math-verify ran (its process pool holds
+    semaphores): nothing is left to the resource tracker, which would warn of "leaked
+    semaphore objects" (uvicorn re-raises SIGTERM after its graceful shutdown, and a
+    process ended by it runs no atexit handler)."""
+    env = {**os.environ, "PONDER_ENGINE": "scripted", "PONDER_PORT": "0",
+           "PONDER_SQLITE_PATH": str(tmp_path / "p.db")}  # fmt: skip
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "ponder.cli", "serve",
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE, env=env,
+    )  # fmt: skip
+    assert proc.stderr is not None
+    try:
+        line = b""
+        async with asyncio.timeout(30):  # the first lines name the port it listens on
+            while not (found := re.search(rb"ponder on (http://\S+)", line)):
+                line = await proc.stderr.readline()
+                assert line, "serve ended during its start"
+        async with httpx.AsyncClient(base_url=found[1].decode(), timeout=30) as c:
+
+            async def ready() -> bool:
+                return (await c.get("/readyz")).status_code == 200
+
+            await until(ready, 30, "the service to be ready")
+            body = {
+                "prompt": "Simplify: [[answers: \\sqrt{2}, 2^{1/2}, \\sqrt{2}]]",
+                "task_type": "math",
+            }
+            task_id = (await c.post("/v1/tasks", json=body)).json()["id"]
+            done = await wait_for_task(c, task_id, timeout_s=60)
+        result: Any = done["result"]
+        assert len(result["votes"]) == 1, result  # math-verify found the forms equal
+        proc.send_signal(sig)
+        _, rest = await asyncio.wait_for(proc.communicate(), 60)
+    finally:
+        if proc.returncode is None:
+            proc.kill()
+            await proc.wait()
+    err = rest.decode()
+    assert "leaked semaphore" not in err and "Traceback" not in err, err
+    assert proc.returncode == (0 if sig == signal.SIGINT else -signal.SIGTERM)

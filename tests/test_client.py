@@ -144,6 +144,7 @@ async def test_async_client_round_trip(server: LiveServer) -> None:
         page = await client.list(limit=1)
         assert [t.id for t in page.data] == [task.id] and page.next_cursor is None
         assert (await client.list(status="failed")).data == []
+        assert await client.tasks(limit=1) == page  # the CLI's name (`ponder tasks`)
 
 
 async def test_async_cancel_conflict_and_errors(server: LiveServer) -> None:
@@ -307,14 +308,16 @@ async def test_submit_checks_its_request_as_the_api_does(
 async def test_submit_sends_every_field_of_the_request(server: LiveServer) -> None:
     async with AsyncClient(server.url) as client:
         task = await client.submit(
-            "[[answers: 3, 3, 4]]", stop=["\n\n"], early_stop=False, temperature=1, priority=0
-        )
+            "[[answers: 3, 3, 4]]", stop=["\n\n"], early_stop=False, temperature=1, priority=0,
+            target_confidence=0.95,
+        )  # fmt: skip
     assert (task.stop, task.early_stop, task.temperature, task.priority) == (
         ["\n\n"],
         False,
         1.0,
         0,
     )
+    assert task.target_confidence == 0.95
 
 
 @pytest.mark.parametrize(
@@ -356,6 +359,7 @@ async def test_sync_client(server: LiveServer) -> None:
             assert list(client.events(task.id, last_event_id=events[-1].id)) == []
             assert client.get(task.id).id == task.id
             assert [t.id for t in client.list().data] == [task.id]
+            assert client.tasks() == client.list()  # the CLI's name (`ponder tasks`)
             hanging = client.submit("[[hang]]")
             with pytest.raises(WaitTimeout):
                 client.wait(hanging.id, timeout=0.3)

@@ -9,6 +9,7 @@ import logging
 import os
 import secrets
 import signal
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
@@ -44,6 +45,29 @@ EXIT_OK, EXIT_TASK_FAILED, EXIT_USAGE = 0, 1, 2
 _DEFAULT_URL = "http://127.0.0.1:8000"
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from ponder import __version__
+
+        console.print(f"ponder {__version__}", highlight=False)
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version",
+            callback=_print_version,
+            is_eager=True,
+            help="print the installed version and exit",
+        ),
+    ] = False,
+) -> None:
+    pass
+
+
 def _settings(**overrides: Any) -> Settings:
     try:
         return load_settings(**{k: v for k, v in overrides.items() if v is not None})
@@ -66,31 +90,55 @@ def _engine_line(settings: Settings) -> str:
     return settings.engine
 
 
+def _listen(settings: Settings) -> socket.socket:
+    """The server's socket, bound and listening before anything else starts (a model
+    takes seconds to load; a port in use is known at once)."""
+    family = socket.AF_INET6 if ":" in settings.host else socket.AF_INET
+    try:
+        return socket.create_server((settings.host, settings.port), family=family, backlog=2048)
+    except OSError as e:
+        why = (e.strerror or str(e)).split(" (while attempting", 1)[0]  # create_server's addition
+        err_console.print(
+            f"[red]error:[/red] cannot listen on {settings.host}:{settings.port} ({why}): "
+            "give a free port with --port or PONDER_PORT (and an address of this machine "
+            "with --host or PONDER_HOST)"
+        )
+        raise typer.Exit(EXIT_USAGE) from None
+
+
 def _serve_http(settings: Settings, workers: int) -> None:
     import uvicorn
 
     from ponder.api import create_app
     from ponder.store import create_store
 
+    listener = _listen(settings)
+    port = listener.getsockname()[1]  # the one picked when PONDER_PORT is 0
     if not settings.api_keys:
         err_console.print(
             "[yellow]auth is off[/yellow] (PONDER_API_KEYS unset): anyone who can reach "
-            f"{settings.host}:{settings.port} can submit and read tasks"
+            f"{settings.host}:{port} can submit and read tasks"
         )
     store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
-        f"ponder on http://{settings.host}:{settings.port} — store: {store}; "
+        f"ponder on http://{settings.host}:{port} — store: {store}; "
         f"engine: {_engine_line(settings) if workers else '(none: api only)'}"
     )
     application = create_app(settings, workers=workers)
-    try:
-        uvicorn.run(
+    server = uvicorn.Server(
+        uvicorn.Config(
             application,
             host=settings.host,
-            port=settings.port,
+            port=port,
             log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
             timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
         )
+    )
+    try:
+        with listener:
+            server.run(sockets=[listener])
+    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on (as uvicorn.run)
+        pass
     except SystemExit:  # uvicorn's exit when the start-up failed
         error = getattr(application.state, "startup_error", None)
         if error is None:
@@ -394,6 +442,7 @@ def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task
     return client.get(task.id)
 
 
+# The request's own fields are checked by the SDK as the API checks them (one line, exit 2).
 @app.command()
 def submit(
     prompt: Annotated[str, typer.Argument(help="the prompt")],
@@ -403,8 +452,38 @@ def submit(
     task_type: Annotated[
         str, typer.Option(help="auto, math, code, choice or text: how answers compare")
     ] = "auto",
+    max_new_tokens: Annotated[
+        int | None,
+        typer.Option(show_default=False, help="tokens per sample at most; default: the mode's"),
+    ] = None,
+    temperature: Annotated[
+        float | None,
+        typer.Option(show_default=False, help="sampling temperature, 0 to 2; default: the mode's"),
+    ] = None,
+    timeout: Annotated[
+        float | None,
+        typer.Option(
+            show_default=False,
+            help="the task's time limit in seconds, from its start (timeout_s); "
+            "default: the mode's",
+        ),
+    ] = None,
+    callback_url: Annotated[
+        str | None,
+        typer.Option(show_default=False, help="POST the task's webhooks here (signed)"),
+    ] = None,
+    target_confidence: Annotated[
+        float | None,
+        typer.Option(
+            show_default=False,
+            help="early stop once the leading answer stays the leader with this probability "
+            "(0 to 1); default: the mode's",
+        ),
+    ] = None,
     wait: Annotated[bool, typer.Option(help="follow the task live, then print the result")] = False,
-    timeout: Annotated[float, typer.Option(min=0.1, help="seconds to wait with --wait")] = 600,
+    wait_timeout: Annotated[
+        float, typer.Option(min=0.1, help="seconds to follow the task with --wait")
+    ] = 600,
     as_json: JsonOption = False,
     url: UrlOption = _DEFAULT_URL,
     api_key: KeyOption = None,
@@ -412,10 +491,19 @@ def submit(
     """Submit a task. Exit 0 on done/partial_done, 1 on failed/cancelled, 2 on usage errors."""
     with _service(url, api_key) as client:
         task = client.submit(
-            prompt, mode=mode.value, priority=priority, samples=samples, task_type=task_type
+            prompt,
+            mode=mode.value,
+            priority=priority,
+            samples=samples,
+            task_type=task_type,
+            max_new_tokens=max_new_tokens,
+            temperature=temperature,
+            timeout_s=timeout,
+            callback_url=callback_url,
+            target_confidence=target_confidence,
         )
         if wait:
-            task = _follow(client, task, timeout, live=not as_json)
+            task = _follow(client, task, wait_timeout, live=not as_json)
     if as_json:
         _print_json(task.to_public())
     elif wait:
@@ -506,6 +594,24 @@ def cancel(
 
 
 @app.command()
+def wait(
+    task_id: Annotated[str, typer.Argument(help="the task id")],
+    timeout: Annotated[float, typer.Option(min=0.1, help="seconds to wait at most")] = 600,
+    as_json: JsonOption = False,
+    url: UrlOption = _DEFAULT_URL,
+    api_key: KeyOption = None,
+) -> None:
+    """Wait for a task to end and show it, as the SDK's `Client.wait` (exit as `submit --wait`)."""
+    with _service(url, api_key) as client:
+        task = _follow(client, client.get(task_id), timeout, live=not as_json)
+    if as_json:
+        _print_json(task.to_public())
+    else:
+        _print_task(task)
+    raise typer.Exit(_exit_code(task.status))
+
+
+@app.command()
 def tasks(
     status: Annotated[TaskStatus | None, typer.Option(help="only tasks in this status")] = None,
     limit: Annotated[int, typer.Option(min=1, max=100, help="tasks per page")] = 20,
@@ -514,7 +620,7 @@ def tasks(
     url: UrlOption = _DEFAULT_URL,
     api_key: KeyOption = None,
 ) -> None:
-    """List your tasks, newest first."""
+    """List your tasks, newest first (also `ponder list`; the SDK's `Client.list`/`.tasks`)."""
     with _service(url, api_key) as client:
         page = client.list(status=status, limit=limit, cursor=cursor)
     if as_json:
@@ -537,6 +643,12 @@ def tasks(
     console.print(table)
     if page.next_cursor:
         console.print(f"more: --cursor {page.next_cursor}")
+
+
+app.command(
+    "list",
+    help="List your tasks, newest first: the same as `ponder tasks` (the SDK's `Client.list`).",
+)(tasks)
 
 
 @keys_app.command("new")

@@ -467,6 +467,7 @@ class Client(_Base):
         tests: str | None = None,
         stop: list[str] | None = None,
         early_stop: bool | None = None,
+        target_confidence: float | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
@@ -478,7 +479,7 @@ class Client(_Base):
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
             temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
-            early_stop=early_stop, metadata=metadata,
+            early_stop=early_stop, target_confidence=target_confidence, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = self._request("POST", "/v1/tasks", json=body, headers={"Idempotency-Key": key})
@@ -495,9 +496,12 @@ class Client(_Base):
     def list(
         self, *, status: TaskStatus | str | None = None, limit: int = 20, cursor: str | None = None
     ) -> TaskPage:
-        """One page of the caller's tasks, newest first."""
+        """One page of the caller's tasks, newest first (also :meth:`tasks`, the CLI's
+        name: ``ponder tasks``)."""
         params = self._list_params(status, limit, cursor)
         return self._page(self._request("GET", "/v1/tasks", params=params))
+
+    tasks = list  # the CLI's verb (`ponder tasks`, `ponder list`)
 
     def events(
         self,
@@ -628,6 +632,7 @@ class AsyncClient(_Base):
         tests: str | None = None,
         stop: list[str] | None = None,
         early_stop: bool | None = None,
+        target_confidence: float | None = None,
         metadata: dict[str, Any] | None = None,
         idempotency_key: str | None = None,
     ) -> Task:
@@ -639,7 +644,7 @@ class AsyncClient(_Base):
             prompt, messages=messages, mode=mode, task_type=task_type, priority=priority,
             callback_url=callback_url, samples=samples, max_new_tokens=max_new_tokens,
             temperature=temperature, timeout_s=timeout_s, tests=tests, stop=stop,
-            early_stop=early_stop, metadata=metadata,
+            early_stop=early_stop, target_confidence=target_confidence, metadata=metadata,
         )  # fmt: skip
         key = idempotency_key or f"ponder-sdk-{uuid.uuid4().hex}"
         response = await self._request(
@@ -659,9 +664,12 @@ class AsyncClient(_Base):
     async def list(
         self, *, status: TaskStatus | str | None = None, limit: int = 20, cursor: str | None = None
     ) -> TaskPage:
-        """One page of the caller's tasks, newest first."""
+        """One page of the caller's tasks, newest first (also :meth:`tasks`, the CLI's
+        name: ``ponder tasks``)."""
         params = self._list_params(status, limit, cursor)
         return self._page(await self._request("GET", "/v1/tasks", params=params))
+
+    tasks = list  # the CLI's verb (`ponder tasks`, `ponder list`)
 
     async def events(
         self,
