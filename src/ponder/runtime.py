@@ -16,6 +16,7 @@ from ponder.batch_feeder import BatchFeeder
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
+from ponder.enhance.mathverify import shutdown_pool
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
 from ponder.worker import SampleRunner, Worker
@@ -79,7 +80,14 @@ class WorkerRuntime:
         for result in results:
             if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
                 log.error("worker loop ended with an error", exc_info=result)
-        await self.webhooks.close()
-        if self.batcher is not None:
-            await self.batcher.close()
-        await self.engine.close()
+        try:
+            await self.webhooks.close()
+            if self.batcher is not None:
+                await self.batcher.close()
+            await self.engine.close()
+        finally:
+            # The math-verify pool's process ends with the workers that used it, not at
+            # exit: a process that ends by a signal runs no atexit handler (uvicorn
+            # re-raises SIGTERM after its graceful shutdown), and the pool's semaphores
+            # would be left to the resource tracker, which warns of them as leaked.
+            await asyncio.to_thread(shutdown_pool)
