@@ -1,0 +1,30 @@
+"""The store contract, one abstract class per concern; :class:`ponder.store.base.TaskStore`
+is all of them together.
+
+- :class:`Lifecycle`: start, close, ping.
+- :class:`TaskQueue`: :class:`TaskRecords` (records, admission, listings),
+  :class:`WorkQueue` (claims and leases of queue entries) and :class:`EventLog` (each
+  task's events, and the notices that cross processes).
+- :class:`ObjectStore`: the OpenAI-compatible APIs' objects, blobs and parts.
+- :class:`Outbox`: webhook deliveries.
+- :class:`Liveness`: worker registrations and named leases.
+"""
+
+from __future__ import annotations
+
+from ponder.store.contract.lifecycle import Lifecycle
+from ponder.store.contract.liveness import Liveness
+from ponder.store.contract.objects import ObjectStore
+from ponder.store.contract.outbox import Outbox
+from ponder.store.contract.tasks import EventLog, TaskQueue, TaskRecords, WorkQueue
+
+__all__ = [
+    "EventLog",
+    "Lifecycle",
+    "Liveness",
+    "ObjectStore",
+    "Outbox",
+    "TaskQueue",
+    "TaskRecords",
+    "WorkQueue",
+]

@@ -1,0 +1,171 @@
+"""The task side of the store: records, the work queue, and the logs readers follow.
+
+:class:`TaskQueue` is the three together (:class:`TaskRecords`, :class:`WorkQueue`,
+:class:`EventLog`): what the API and the workers share about tasks.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+from ponder.store.records import Claim, Event, Notice
+from ponder.types import Task, TaskStatus
+
+__all__ = ["EventLog", "TaskQueue", "TaskRecords", "WorkQueue"]
+
+
+class TaskRecords(ABC):
+    """Task records: admission, reads, listings, the compare-and-set write, backlog figures.
+
+    - :meth:`create_task` is atomic: admission (pending < ``max_pending``), the
+      idempotency check, the record, the queue entry and the first event happen together
+      or not at all.
+    - :meth:`update_task` writes only over the revision the task was read at; on success
+      it bumps ``task.rev``. Leaving ``pending`` frees a backlog slot; reaching a
+      terminal state sets the record's time-to-live. In the same atomic step it adds the
+      webhook deliveries the write causes (:func:`ponder.outbox.task_deliveries`) to the
+      outbox and, when the task becomes ``cancelled``, a :attr:`Notice.cancel`.
+    """
+
+    # --- api side ---------------------------------------------------------------------
+    @abstractmethod
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+        batch: bool = False,
+    ) -> tuple[Task, bool]:
+        """Store and enqueue ``task``; return ``(task, True)``.
+
+        With an ``idempotency_key`` already used by the same owner: the stored task and
+        ``False`` when ``body_hash`` matches, else :class:`IdempotencyConflict`.
+        Raises :class:`QueueFull` (storing nothing) when ``max_pending`` tasks are pending.
+
+        ``batch``: the task is a line of a batch (the Batch API). Batch lines have a
+        backlog of their own: a batch line is admitted while fewer than ``max_pending``
+        batch lines are pending, and pending batch lines never count toward the backlog
+        that other tasks are admitted against, so they cannot make those see QueueFull.
+        """
+
+    @abstractmethod
+    async def get_task(self, task_id: str) -> Task | None:
+        """The task, or ``None`` if unknown or expired."""
+
+    @abstractmethod
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        """Several tasks in one round trip, in the order asked (None: unknown or expired)."""
+
+    @abstractmethod
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """The owner's tasks, newest first, and the cursor of the next page (or None)."""
+
+    @abstractmethod
+    async def pending_count(self) -> int:
+        """How many tasks are ``pending`` (the backpressure figure)."""
+
+    @abstractmethod
+    async def batch_pending_count(self) -> int:
+        """How many pending tasks are batch lines (``create_task(batch=True)``)."""
+
+    @abstractmethod
+    async def queue_depths(self) -> dict[int, int]:
+        """Pending tasks by priority level."""
+
+    # --- both -------------------------------------------------------------------------
+    @abstractmethod
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        """Write ``task`` if the stored revision is still ``task.rev``; append ``events``.
+
+        Returns False (writing nothing) when the record changed since it was read or is
+        gone. The caller has checked the transition with :func:`ponder.states.check_transition`;
+        the store reads the previous status from its own record: to keep the backlog count
+        right, and to post the cancel notice only on the write that enters ``cancelled``.
+        """
+
+
+class WorkQueue(ABC):
+    """The per-priority queues of task ids, as the workers see them.
+
+    A claimed entry stays owned by its consumer until :meth:`ack`; an entry whose lease
+    was not renewed for ``min_idle_s`` is handed out again by :meth:`reclaim`, and so is
+    every entry of a consumer that is no longer a live worker
+    (:meth:`~ponder.store.contract.liveness.Liveness.register_worker`).
+    """
+
+    @abstractmethod
+    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+        """Take the next entry, trying the priority levels in the order given.
+
+        Waits up to ``block_ms`` for an entry when every level is empty (woken by new
+        entries, not by polling where the backend allows it); returns None on timeout.
+        """
+
+    @abstractmethod
+    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        """Take over up to ``limit`` entries, most urgent level first: at once every entry
+        of a consumer that is not a live worker (never registered, unregistered, or its
+        registration older than its ttl), then entries whose lease was not renewed for
+        ``min_idle_s`` seconds. Consumers found dead and left with no entries are removed.
+        """
+
+    @abstractmethod
+    async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
+        """Renew the leases of ``claims`` (resets their idle time)."""
+
+    @abstractmethod
+    async def ack(self, claim: Claim) -> None:
+        """Remove a finished entry from its queue for good."""
+
+    @abstractmethod
+    async def release(self, claim: Claim) -> None:
+        """Give an entry back so another worker takes it at once (graceful shutdown)."""
+
+
+class EventLog(ABC):
+    """What readers follow: each task's event log, and the notices that cross processes."""
+
+    # --- events -----------------------------------------------------------------------
+    @abstractmethod
+    async def read_events(
+        self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
+    ) -> list[Event]:
+        """Events of the task after event id ``after`` (None: from the start), oldest first.
+
+        When there are none and ``block_ms`` > 0, waits up to that long for one.
+        """
+
+    # --- streamed text (delta events) -------------------------------------------------
+    @abstractmethod
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        """Append ``events`` to the log of a *running* task without touching its record.
+
+        For what is published between state changes (the ``delta`` events of running
+        samples): the record's revision is unchanged, readers of :meth:`read_events` are
+        woken as for :meth:`~TaskRecords.update_task`. Returns False (appending nothing)
+        when the task is gone or not ``running`` — so nothing follows a task's terminal event.
+        """
+
+    # --- notices ----------------------------------------------------------------------
+    @abstractmethod
+    async def read_notices(
+        self, topic: Notice, after: str | None, block_ms: int
+    ) -> tuple[str, list[str]]:
+        """Notices of ``topic`` after cursor ``after`` (None: from now on) and the cursor to
+        pass next. Waits up to ``block_ms`` for one when there are none (woken by the
+        notice, not by polling). Recent notices are kept (about a thousand), so a reader
+        that comes back after an outage reads what it missed."""
+
+
+class TaskQueue(TaskRecords, WorkQueue, EventLog):
+    """Tasks, their queues and their logs: the part of the store that tasks live in."""

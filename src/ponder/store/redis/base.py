@@ -1,0 +1,197 @@
+"""What every part of the Redis store shares: the connections, the registered scripts,
+the key names, the lifecycle and the error mapping."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from typing import Any, TypeVar
+from urllib.parse import urlsplit, urlunsplit
+
+from redis import exceptions as rexc
+from redis.asyncio import Redis
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+
+from ponder.config import NUM_PRIORITIES, Settings
+from ponder.errors import StoreUnavailable
+from ponder.ids import sort_key
+from ponder.store.contract import Lifecycle
+from ponder.store.records import Notice
+from ponder.store.redis import lua
+
+__all__ = ["GROUP", "RedisBase", "redacted"]
+
+log = logging.getLogger("ponder.store")
+
+_T = TypeVar("_T")
+
+GROUP = "workers"
+# Every answer Redis can give that is not ours to fix: connections refused, reset or
+# killed (CLIENT KILL), LOADING, READONLY (a replica after a failover), OOM, MISCONF, …
+# A ResponseError that a queue command can fix (NOGROUP, UNBLOCKED) is handled first.
+_UNAVAILABLE = (rexc.ConnectionError, rexc.TimeoutError, rexc.ResponseError, TimeoutError)
+GROUP_LOST = ("NOGROUP", "UNBLOCKED")
+# (the scripts cap each notice stream at about 1,000 entries: XADD MAXLEN ~ 1000)
+
+
+@contextmanager
+def unavailable() -> Iterator[None]:
+    """Turn connection failures and timeouts into :class:`StoreUnavailable`."""
+    try:
+        yield
+    except _UNAVAILABLE as e:
+        raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+
+
+def redacted(url: str) -> str:
+    """``url`` without its password (for messages)."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rpartition("@")
+    user = (parts.username or "") + ":***"
+    return urlunsplit(parts._replace(netloc=f"{user}@{netloc[2]}"))
+
+
+def ms(seconds: float) -> int:
+    return max(1, int(seconds * 1000))
+
+
+def index_member(task_id: str) -> str:
+    """The owner index's member of a task: sorts like creation order, holds the id."""
+    return f"{sort_key(task_id)} {task_id}"
+
+
+def member_id(member: str) -> str:
+    """The id in an index member (``"{sort_key} {id}"``)."""
+    return member.split(" ", 1)[1]
+
+
+class RedisBase(Lifecycle):
+    """The connections, scripts and keys of :class:`~ponder.store.redis.RedisStore`, and
+    its lifecycle; each part of the store is a subclass of this one."""
+
+    def __init__(self, settings: Settings) -> None:
+        if not settings.redis_url:
+            raise ValueError("RedisStore needs settings.redis_url")
+        self._prefix = settings.key_prefix
+        self._ttl = settings.task_ttl_s
+        self._timeout = settings.store_timeout_s
+        # One quick retry on a connection error covers a pooled connection that a Redis
+        # restart closed; the default policy (10 retries with backoff) would stretch a
+        # call far past store_timeout_s.
+        common: dict[str, Any] = {
+            "decode_responses": True,
+            "socket_connect_timeout": self._timeout,
+            "retry": Retry(NoBackoff(), 1, supported_errors=(rexc.ConnectionError,)),
+            # (redis-py's default of 100 would refuse the 101st SSE follower with a 503)
+            "max_connections": settings.redis_max_connections,
+        }
+        self._r = Redis.from_url(settings.redis_url, socket_timeout=self._timeout, **common)
+        # Blocking reads (claim, read_events) wait longer than the socket timeout allows;
+        # they use their own pool without one, bounded by asyncio.timeout instead.
+        self._rb = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
+        script = self._r.register_script
+        # tasks, queues, events
+        self._create = script(lua.CREATE)
+        self._update = script(lua.UPDATE)
+        self._claim = script(lua.CLAIM)
+        self._reclaim = script(lua.RECLAIM)
+        self._renew = script(lua.RENEW)
+        self._release = script(lua.RELEASE)
+        self._append = script(lua.APPEND)
+        # liveness and leases
+        self._register = script(lua.REGISTER)
+        self._live = script(lua.LIVE)
+        self._acquire_lease = script(lua.ACQUIRE_LEASE)
+        self._release_lease = script(lua.RELEASE_LEASE)
+        # the webhook outbox
+        self._enqueue = script(lua.ENQUEUE)
+        self._claim_deliveries = script(lua.CLAIM_DELIVERIES)
+        self._retry_delivery = script(lua.RETRY_DELIVERY)
+        # the OpenAI-compatible APIs' objects
+        self._create_object = script(lua.CREATE_OBJECT)
+        self._update_object = script(lua.UPDATE_OBJECT)
+        self._url = settings.redis_url
+
+    @property
+    def client(self) -> Redis:
+        """The store's connection pool, for features that live beside it (rate limits)."""
+        return self._r
+
+    # --- keys -------------------------------------------------------------------------
+    def _task_key(self, task_id: str) -> str:
+        return f"{self._prefix}:task:{task_id}"
+
+    def _events_key(self, task_id: str) -> str:
+        return f"{self._prefix}:ev:{task_id}"
+
+    def _queue_key(self, priority: int) -> str:
+        return f"{self._prefix}:q:{priority}"
+
+    def _index_key(self, owner: str) -> str:
+        return f"{self._prefix}:tasks:{owner}"
+
+    @property
+    def _pending_key(self) -> str:
+        return f"{self._prefix}:pending"
+
+    @property
+    def _workers_key(self) -> str:
+        return f"{self._prefix}:workers"
+
+    @property
+    def _outbox_key(self) -> str:
+        return f"{self._prefix}:outbox"
+
+    def _delivery_key(self, webhook_id: str) -> str:
+        return f"{self._prefix}:dlv:{webhook_id}"
+
+    def _notice_key(self, topic: Notice) -> str:
+        return f"{self._prefix}:notice:{topic.value}"
+
+    # --- lifecycle --------------------------------------------------------------------
+    def describe(self) -> str:
+        return f"Redis at {redacted(self._url)}"
+
+    async def start(self) -> None:
+        with unavailable():
+            await self._create_groups()
+
+    async def _create_groups(self) -> None:
+        for p in range(NUM_PRIORITIES):
+            try:
+                # id 0: entries added before the group existed are delivered too
+                await self._r.xgroup_create(self._queue_key(p), GROUP, id="0", mkstream=True)
+            except rexc.ResponseError as e:
+                if "BUSYGROUP" not in str(e):
+                    raise
+
+    async def _grouped(self, call: Callable[[], Awaitable[_T]], *, again: bool = True) -> _T:
+        """Run a queue command; if the consumer group is gone (NOGROUP: Redis restarted
+        without persistence, or the streams were deleted; UNBLOCKED: a stream was deleted
+        under a blocking read), recreate the groups and run it again (``again``; else the
+        ResponseError is raised, for the caller to treat as "nothing read")."""
+        try:
+            return await call()
+        except rexc.ResponseError as e:
+            if not str(e).startswith(GROUP_LOST):
+                raise
+            log.warning("a queue read failed (%s); recreating the consumer groups", e)
+            await self._create_groups()
+            if not again:
+                raise
+        return await call()
+
+    async def close(self) -> None:
+        await self._r.aclose()
+        await self._rb.aclose()
+
+    async def ping(self) -> bool:
+        try:
+            with unavailable():
+                return bool(await self._r.ping())
+        except StoreUnavailable:
+            return False

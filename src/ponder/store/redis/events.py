@@ -1,0 +1,71 @@
+"""Event logs and notices on Redis: one stream per task, one per notice topic."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import Sequence
+from typing import Any
+
+from ponder.store.contract import EventLog
+from ponder.store.records import Event, Notice
+from ponder.store.redis.base import RedisBase, unavailable
+
+__all__ = ["RedisEventLog"]
+
+_STREAM_ID = re.compile(r"^\d+(-\d+)?$")
+
+
+class RedisEventLog(RedisBase, EventLog):
+    """:class:`EventLog` on Redis Streams: event ids and notice cursors are stream ids."""
+
+    # --- events -----------------------------------------------------------------------
+    async def read_events(
+        self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
+    ) -> list[Event]:
+        """Event ids are stream ids; an ``after`` that is not one reads from the start."""
+        key = self._events_key(task_id)
+        if after is not None and not _STREAM_ID.match(after):
+            after = None
+        with unavailable():
+            entries: Any = await self._r.xrange(
+                key, "-" if after is None else f"({after}", "+", limit
+            )
+            if not entries and block_ms > 0:
+                async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                    reply: Any = await self._rb.xread(
+                        {key: after or "0-0"}, count=limit, block=block_ms
+                    )
+                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+        return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
+
+    # --- streamed text (delta events) -------------------------------------------------
+    async def append_events(
+        self, task_id: str, events: Sequence[tuple[str, dict[str, Any]]]
+    ) -> bool:
+        if not events:
+            return True
+        args = [part for name, data in events for part in (name, json.dumps(data))]
+        keys = [self._task_key(task_id), self._events_key(task_id)]
+        with unavailable():
+            return bool(await self._append(keys=keys, args=args))
+
+    # --- notices ----------------------------------------------------------------------
+    async def read_notices(
+        self, topic: Notice, after: str | None, block_ms: int
+    ) -> tuple[str, list[str]]:
+        """The cursor is a stream id; None starts after the newest notice."""
+        key = self._notice_key(topic)
+        with unavailable():
+            if after is None:
+                newest: Any = await self._r.xrevrange(key, "+", "-", count=1)
+                after = newest[0][0] if newest else "0-0"
+            entries: Any = await self._r.xrange(key, f"({after}", "+", 100)
+            if not entries and block_ms > 0:
+                async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                    reply: Any = await self._rb.xread({key: after}, count=100, block=block_ms)
+                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+        if not entries:
+            return after, []
+        return entries[-1][0], [fields["v"] for _, fields in entries]

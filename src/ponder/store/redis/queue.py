@@ -1,0 +1,91 @@
+"""The work queue on Redis: one stream per priority level, read by one consumer group."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+from redis import exceptions as rexc
+
+from ponder.config import NUM_PRIORITIES
+from ponder.store.contract import WorkQueue
+from ponder.store.records import Claim, check_priorities
+from ponder.store.redis.base import GROUP, GROUP_LOST, RedisBase, unavailable
+
+__all__ = ["RedisWorkQueue"]
+
+
+class RedisWorkQueue(RedisBase, WorkQueue):
+    """:class:`WorkQueue` on Redis Streams: an entry's id is the claim's receipt."""
+
+    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+        """Tries the levels in order, then one XREADGROUP BLOCK over them all.
+
+        That blocking read can return entries of several levels at once (when they arrive
+        between the two calls); the first in ``priorities`` order is kept and the others
+        are released, which puts them at the end of their queues.
+        """
+        check_priorities(priorities)
+        keys = [self._queue_key(p) for p in priorities]
+        with unavailable():
+            hit = await self._grouped(lambda: self._claim(keys=keys, args=[GROUP, consumer]))
+        if hit:
+            return Claim(hit[2], priorities[hit[0] - 1], hit[1])
+        if block_ms <= 0:  # BLOCK 0 would wait forever
+            return None
+        with unavailable():
+            async with asyncio.timeout(block_ms / 1000 + self._timeout):
+                try:
+                    reply: Any = await self._grouped(
+                        lambda: self._rb.xreadgroup(
+                            GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                        ),
+                        again=False,
+                    )
+                except rexc.ResponseError as e:
+                    if not str(e).startswith(GROUP_LOST):
+                        raise
+                    return None  # the groups are back: the next claim reads them
+        got = {
+            keys.index(key): Claim(fields["task"], priorities[keys.index(key)], entry_id)
+            for key, entries in reply
+            for entry_id, fields in entries
+        }
+        if not got:
+            return None
+        first, *rest = (got[i] for i in sorted(got))
+        for extra in rest:
+            await self.release(extra)
+        return first
+
+    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+        if limit < 1:
+            return []
+        keys = [*(self._queue_key(p) for p in range(NUM_PRIORITIES)), self._workers_key]
+        args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
+        with unavailable():
+            taken = await self._grouped(lambda: self._reclaim(keys=keys, args=args))
+        return [Claim(task_id, int(p), entry_id) for p, entry_id, task_id in taken]
+
+    async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
+        """Resets the idle time of the claims ``consumer`` still holds; others are skipped."""
+        if not claims:
+            return
+        keys = [self._queue_key(c.priority) for c in claims]
+        with unavailable():
+            args = [GROUP, consumer, *(c.receipt for c in claims)]
+            await self._grouped(lambda: self._renew(keys=keys, args=args))
+
+    async def ack(self, claim: Claim) -> None:
+        key = self._queue_key(claim.priority)
+        with unavailable():
+            async with self._r.pipeline(transaction=True) as pipe:
+                pipe.xack(key, GROUP, claim.receipt)
+                pipe.xdel(key, claim.receipt)
+                await pipe.execute()
+
+    async def release(self, claim: Claim) -> None:
+        keys = [self._queue_key(claim.priority)]
+        with unavailable():
+            await self._release(keys=keys, args=[GROUP, claim.receipt, claim.task_id])

@@ -1,0 +1,182 @@
+"""Task records on Redis: admission, reads, listings, the compare-and-set write."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any
+
+from ponder.config import NUM_PRIORITIES
+from ponder.errors import IdempotencyConflict, QueueFull
+from ponder.ids import parse_task_id
+from ponder.outbox import task_deliveries
+from ponder.states import is_terminal
+from ponder.store.contract import TaskRecords
+from ponder.store.records import Notice, check_new_task
+from ponder.store.redis.base import RedisBase, index_member, member_id, unavailable
+from ponder.types import Task, TaskStatus
+
+__all__ = ["RedisTaskRecords"]
+
+
+class RedisTaskRecords(RedisBase, TaskRecords):
+    """:class:`TaskRecords` on Redis: a hash per task, an owner index, pending counts."""
+
+    # --- api side ---------------------------------------------------------------------
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+        batch: bool = False,
+    ) -> tuple[Task, bool]:
+        check_new_task(task)
+        keys = [
+            self._task_key(task.id),
+            self._queue_key(task.priority),
+            self._pending_key,
+            self._index_key(task.owner),
+            self._events_key(task.id),
+        ]
+        if idempotency_key is not None:
+            keys.append(f"{self._prefix}:idem:{task.owner}:{idempotency_key}")
+        args: list[str | int] = [
+            task.id,
+            task.to_storage(),
+            task.status.value,
+            task.rev,
+            task.owner,
+            task.priority,
+            max_pending,
+            index_member(task.id),
+            json.dumps({"status": task.status.value}),
+            body_hash or "",
+            self._ttl,
+            self._task_key(""),
+            "1" if batch else "0",
+        ]
+        with unavailable():
+            outcome = await self._create(keys=keys, args=args)
+        if outcome[0] == "full":
+            raise QueueFull(max_pending)
+        if outcome[0] == "conflict":
+            raise IdempotencyConflict("the Idempotency-Key was used with another request body")
+        if outcome[0] == "existing":
+            return Task.from_storage(outcome[1]), False
+        return task, True
+
+    async def get_task(self, task_id: str) -> Task | None:
+        with unavailable():
+            data = await self._r.hget(self._task_key(task_id), "data")
+        return None if data is None else Task.from_storage(data)
+
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        if not task_ids:
+            return []
+        with unavailable():
+            async with self._r.pipeline(transaction=False) as pipe:
+                for task_id in task_ids:
+                    pipe.hget(self._task_key(task_id), "data")
+                found: list[str | None] = await pipe.execute()
+        return [None if d is None else Task.from_storage(d) for d in found]
+
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """Newest first; the cursor is the id of the page's last task.
+
+        Raises ValueError for a cursor this store did not hand out.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        index = self._index_key(owner)
+        if cursor is not None and parse_task_id(cursor) is None:
+            raise ValueError(f"invalid cursor {cursor!r}")
+        top = "+" if cursor is None else f"({index_member(cursor)}"
+        # limit + 1 matches tell whether another page follows; a status filter reads
+        # statuses in larger batches since many entries may not match
+        batch = limit + 1 if status is None else max(limit + 1, 100)
+        found: list[Task] = []
+        with unavailable():
+            while len(found) <= limit:
+                members: list[Any] = await self._r.zrevrangebylex(index, top, "-", 0, batch)
+                if not members:
+                    break
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for member in members:
+                        pipe.hget(self._task_key(member_id(member)), "status")
+                    statuses: list[str | None] = await pipe.execute()
+                matches = [
+                    m
+                    for m, s in zip(members, statuses, strict=True)
+                    if s is not None and (status is None or s == status.value)
+                ]
+                taken = matches[: limit + 1 - len(found)]
+                async with self._r.pipeline(transaction=False) as pipe:
+                    for member in taken:
+                        pipe.hget(self._task_key(member_id(member)), "data")
+                    found += [Task.from_storage(d) for d in await pipe.execute() if d]
+                gone = [m for m, s in zip(members, statuses, strict=True) if s is None]
+                if gone:
+                    await self._r.zrem(index, *gone)
+                if len(members) < batch and len(taken) == len(matches):
+                    break
+                # resume after the last entry looked at (a task may have expired between
+                # the two reads, leaving this page short)
+                top = f"({taken[-1] if len(taken) < len(matches) else members[-1]}"
+        if len(found) > limit:
+            return found[:limit], found[limit - 1].id
+        return found, None
+
+    async def pending_count(self) -> int:
+        with unavailable():
+            total = await self._r.hget(self._pending_key, "total")
+        return int(total or 0)
+
+    async def batch_pending_count(self) -> int:
+        with unavailable():
+            lines = await self._r.hget(self._pending_key, "batch")
+        return int(lines or 0)
+
+    async def queue_depths(self) -> dict[int, int]:
+        levels = list(range(NUM_PRIORITIES))
+        with unavailable():
+            counts = await self._r.hmget(self._pending_key, [str(p) for p in levels])
+        return {p: int(n or 0) for p, n in zip(levels, counts, strict=True)}
+
+    # --- both -------------------------------------------------------------------------
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        new_rev = task.rev + 1
+        deliveries = task_deliveries(task, events)
+        args: list[str | int] = [
+            task.rev,
+            new_rev,
+            task.model_copy(update={"rev": new_rev}).to_storage(),
+            task.status.value,
+            "1" if is_terminal(task.status) else "0",
+            self._ttl,
+            task.id,
+            self._delivery_key(""),
+            len(deliveries),
+        ]
+        for entry in deliveries:
+            args += [entry.webhook_id, entry.to_storage(), entry.host]
+        for name, data in events:
+            args += [name, json.dumps(data)]
+        keys = [
+            self._task_key(task.id),
+            self._pending_key,
+            self._events_key(task.id),
+            self._outbox_key,
+            self._notice_key(Notice.cancel),
+            self._notice_key(Notice.outbox),
+        ]
+        with unavailable():
+            written = await self._update(keys=keys, args=args)
+        if written:
+            task.rev = new_rev
+        return bool(written)

@@ -1,0 +1,192 @@
+"""Task records in SQLite: the ``tasks`` and ``idempotency`` tables."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiosqlite
+
+from ponder.config import NUM_PRIORITIES
+from ponder.errors import IdempotencyConflict, QueueFull
+from ponder.ids import parse_task_id, sort_key
+from ponder.outbox import task_deliveries
+from ponder.states import is_terminal
+from ponder.store.contract import TaskRecords
+from ponder.store.records import Notice, check_new_task
+from ponder.store.sqlite.base import PURGE_INTERVAL_S, SqliteBase, first
+from ponder.store.sqlite.outbox import add_deliveries
+from ponder.store.sqlite.schema import LIVE
+from ponder.types import Task, TaskStatus
+
+__all__ = ["SqliteTaskRecords"]
+
+_IN_CHUNK = 500  # ids per IN (...) query, well under SQLite's variable limit
+
+
+async def _backlog(db: aiosqlite.Connection, *, batch: bool) -> int:
+    """Pending tasks of one lane: batch lines, or every other task."""
+    lane = "lane = 'batch'" if batch else "lane IS NULL"
+    row = await first(db, f"SELECT COUNT(*) FROM tasks WHERE status = 'pending' AND {lane}")
+    return int(row[0])
+
+
+class SqliteTaskRecords(SqliteBase, TaskRecords):
+    """:class:`TaskRecords` in SQLite: pending figures are counted from the tasks table."""
+
+    # --- api side ---------------------------------------------------------------------
+    async def create_task(
+        self,
+        task: Task,
+        *,
+        max_pending: int,
+        idempotency_key: str | None = None,
+        body_hash: str | None = None,
+        batch: bool = False,
+    ) -> tuple[Task, bool]:
+        check_new_task(task)
+        now = time.time()
+        async with self._tx() as db:
+            if idempotency_key is not None:
+                # a key whose task has expired is free again
+                row = await first(
+                    db,
+                    "SELECT i.body_hash, t.data FROM idempotency i JOIN tasks t ON t.id = i.task_id"
+                    " WHERE i.owner = ? AND i.key = ? AND i.expires_at > ?"
+                    " AND (t.expires_at IS NULL OR t.expires_at > ?)",
+                    (task.owner, idempotency_key, now, now),
+                )
+                if row is not None:
+                    if row[0] != (body_hash or ""):
+                        raise IdempotencyConflict(
+                            "the Idempotency-Key was used with another request body"
+                        )
+                    return Task.from_storage(row[1]), False
+            if await _backlog(db, batch=batch) >= max_pending:
+                raise QueueFull(max_pending)
+            await db.execute(
+                "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data)"
+                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (task.id, task.owner, task.status.value, task.priority, sort_key(task.id),
+                 task.rev, task.to_storage()),
+            )  # fmt: skip
+            if batch:
+                await db.execute("UPDATE tasks SET lane = 'batch' WHERE id = ?", (task.id,))
+            await db.execute(
+                "INSERT INTO queue (task_id, priority) VALUES (?, ?)", (task.id, task.priority)
+            )
+            await db.execute(
+                "INSERT INTO events (task_id, event, data) VALUES (?, 'status', ?)",
+                (task.id, json.dumps({"status": task.status.value})),
+            )
+            if idempotency_key is not None:
+                await db.execute(
+                    "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, ?, ?)",
+                    (task.owner, idempotency_key, body_hash or "", task.id, now + self._ttl),
+                )
+            if now - self._purged_at > PURGE_INTERVAL_S:
+                await self._purge(db, now)
+        self._queued.fire()
+        return task, True
+
+    async def get_task(self, task_id: str) -> Task | None:
+        async with self._conn() as db:
+            row = await first(
+                db, f"SELECT data FROM tasks WHERE id = ? AND {LIVE}", (task_id, time.time())
+            )
+        return None if row is None else Task.from_storage(row[0])
+
+    async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
+        found: dict[str, Task] = {}
+        now = time.time()
+        async with self._conn() as db:
+            for start in range(0, len(task_ids), _IN_CHUNK):
+                chunk = list(task_ids[start : start + _IN_CHUNK])
+                marks = ",".join("?" * len(chunk))
+                rows = await db.execute_fetchall(
+                    f"SELECT id, data FROM tasks WHERE id IN ({marks}) AND {LIVE}", [*chunk, now]
+                )
+                found |= {row[0]: Task.from_storage(row[1]) for row in rows}
+        return [found.get(task_id) for task_id in task_ids]
+
+    async def list_tasks(
+        self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
+    ) -> tuple[list[Task], str | None]:
+        """Newest first; the cursor is the id of the page's last task.
+
+        Raises ValueError for a cursor this store did not hand out.
+        """
+        if limit < 1:
+            raise ValueError("limit must be at least 1")
+        sql = f"SELECT data FROM tasks WHERE owner = ? AND {LIVE}"
+        params: list[Any] = [owner, time.time()]
+        if status is not None:
+            sql += " AND status = ?"
+            params.append(status.value)
+        if cursor is not None:
+            if parse_task_id(cursor) is None:
+                raise ValueError(f"invalid cursor {cursor!r}")
+            sql += " AND sort_key < ?"
+            params.append(sort_key(cursor))
+        sql += " ORDER BY sort_key DESC LIMIT ?"
+        params.append(limit + 1)  # one more tells whether another page follows
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(sql, params)
+        tasks = [Task.from_storage(r[0]) for r in rows]
+        if len(tasks) > limit:
+            return tasks[:limit], tasks[limit - 1].id
+        return tasks, None
+
+    async def pending_count(self) -> int:
+        return sum((await self.queue_depths()).values())
+
+    async def batch_pending_count(self) -> int:
+        async with self._conn() as db:
+            return await _backlog(db, batch=True)
+
+    async def queue_depths(self) -> dict[int, int]:
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "SELECT priority, COUNT(*) FROM tasks WHERE status = 'pending' GROUP BY priority"
+            )
+        return {p: 0 for p in range(NUM_PRIORITIES)} | {int(p): int(n) for p, n in rows}
+
+    # --- both -------------------------------------------------------------------------
+    async def update_task(
+        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        now = time.time()
+        new_rev = task.rev + 1
+        async with self._tx() as db:
+            row = await first(
+                db,
+                f"SELECT status FROM tasks WHERE id = ? AND rev = ? AND {LIVE}",
+                (task.id, task.rev, now),
+            )
+            if row is None:
+                return False
+            await db.execute(
+                "UPDATE tasks SET status = ?, rev = ?, data = ?, expires_at = ? WHERE id = ?",
+                (
+                    task.status.value,
+                    new_rev,
+                    task.model_copy(update={"rev": new_rev}).to_storage(),
+                    now + self._ttl if is_terminal(task.status) else None,
+                    task.id,
+                ),
+            )
+            added = await add_deliveries(db, task_deliveries(task, events), now, self._ttl)
+            await db.executemany(
+                "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
+                [(task.id, name, json.dumps(data)) for name, data in events],
+            )
+        task.rev = new_rev
+        if events and (signal := self._events.get(task.id)) is not None:
+            signal.fire()
+        if task.status is TaskStatus.cancelled and row[0] != TaskStatus.cancelled:
+            self._notices[Notice.cancel].post(task.id)
+        if added:
+            self._notices[Notice.outbox].post(str(added))
+        return True
