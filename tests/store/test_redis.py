@@ -14,7 +14,7 @@ from ponder.errors import StoreUnavailable
 from ponder.store.redis import RedisStore, redacted
 from ponder.types import TaskStatus
 
-from .test_contract import ALL, add, advance
+from .helpers import ALL, add, advance
 
 
 @pytest.fixture

@@ -16,7 +16,7 @@ from ponder.errors import StoreUnavailable
 from ponder.store.sqlite import SqliteStore
 from ponder.types import TaskStatus
 
-from .test_contract import ALL, add, advance
+from .helpers import ALL, add, advance
 
 
 @pytest.fixture
