@@ -185,6 +185,8 @@ class Receiver:
         self.requests: list[tuple[dict[str, str], bytes]] = []
         self.arrived = asyncio.Queue[int]()
         self.arrival_times: list[float] = []
+        #: when each answer had been sent, in the order of the requests
+        self.answered_times: dict[int, float] = {}
         self.concurrent = self.most_concurrent = 0
         self._release = asyncio.Event()
         config = uvicorn.Config(
@@ -222,6 +224,7 @@ class Receiver:
         headers = {k.decode(): v.decode() for k, v in scope["headers"]}
         self.requests.append((headers, body))
         self.arrival_times.append(time.monotonic())
+        number = len(self.requests) - 1
         action = self.script[min(len(self.requests), len(self.script)) - 1]
         self.arrived.put_nowait(len(self.requests))
         if action == "hang":
@@ -240,6 +243,7 @@ class Receiver:
         status = int(action)
         await send({"type": "http.response.start", "status": status, "headers": []})
         await send({"type": "http.response.body", "body": b"nope" if status >= 300 else b"ok"})
+        self.answered_times[number] = time.monotonic()
 
     async def __aenter__(self) -> Receiver:
         self._task, port = await start_uvicorn(self.server)
@@ -495,21 +499,51 @@ async def test_refused_and_unconfigured_deliveries_send_nothing(
     assert delta(before) == {"refused": 1, "unconfigured": 1}
 
 
-async def test_preliminary_and_terminal_events_keep_both_records(
+async def test_a_preliminary_of_a_task_that_ended_is_never_sent(
     settings: Settings, store_for: TaskStore
 ) -> None:
-    """Two events sent at once: both records survive the compare-and-set races."""
+    """A task that ended before its preliminary webhook went out (a quick task): only the
+    terminal webhook is sent, and both records are kept."""
+    before = outcomes()
     async with Receiver([200]) as receiver:
         task = await finished_task(store_for, receiver.url, preliminary=True)
         async with sending(store_for, sender_settings(settings)):
             await outbox_drained(store_for)
-    stored = await store_for.get_task(task.id)
-    assert stored is not None and stored.callback is not None
-    assert {d.event: d.delivered for d in stored.callback.deliveries} == {
-        "task.preliminary": True,
-        "task.completed": True,
-    }
-    assert len(receiver.ids()) == 2
+    payloads = [verify(h, b, SECRET) for h, b in receiver.requests]
+    assert [(p["type"], p["data"]["status"]) for p in payloads] == [("task.completed", "done")]
+    preliminary = await delivery(store_for, task.id, "task.preliminary")
+    assert not preliminary.delivered and preliminary.attempts == 0
+    assert preliminary.error == "gave up: the task ended before it was sent"
+    assert (await delivery(store_for, task.id, "task.completed")).delivered
+    assert delta(before) == {"delivered": 1, "superseded": 1}
+
+
+async def test_a_terminal_webhook_waits_for_the_preliminary_in_flight(
+    settings: Settings, store_for: TaskStore
+) -> None:
+    """The task ends while its preliminary webhook is being answered (slowly): the
+    terminal webhook arrives after that answer, never before it."""
+    async with Receiver(["slow", 200]) as receiver:
+        task = Task(id=_ids.new_id(), prompt="x", samples_planned=1,
+                    callback=CallbackInfo(url=receiver.url))  # fmt: skip
+        task, _ = await store_for.create_task(task, max_pending=100)
+        task.status = TaskStatus.running
+        assert await store_for.update_task(
+            task, [("status", {"status": "running"}), ("preliminary", {"answer": "41"})]
+        )
+        async with sending(store_for, sender_settings(settings)):
+            await asyncio.wait_for(receiver.arrived.get(), 10)  # the preliminary is in flight
+            task = await store_for.get_task(task.id)
+            assert task is not None
+            task.status, task.finished_at = TaskStatus.failed, utcnow()
+            assert await store_for.update_task(task, [("result", task.to_public())])
+            await outbox_drained(store_for)
+    payloads = [verify(h, b, SECRET) for h, b in receiver.requests]
+    assert [(p["type"], p["data"]["status"]) for p in payloads] == [
+        ("task.preliminary", "running"),
+        ("task.failed", "failed"),
+    ]
+    assert receiver.arrival_times[1] >= receiver.answered_times[0]
 
 
 async def test_a_preliminary_not_sent_before_the_end_is_superseded(

@@ -15,6 +15,11 @@ worker process runs, sends it on the retry schedule, recording every attempt on 
 ``webhook-id``: only a process that dies between a receiver's answer and the store's
 record of it makes an event arrive twice.
 
+A task's webhooks arrive in order: one attempt at a time per task (a store lease named
+by the task, across processes), and a ``task.preliminary`` not sent before the task
+ended is dropped (recorded "gave up"): no preliminary webhook arrives after its task's
+terminal one, and none carries a terminal status.
+
 Receivers::
 
     from ponder.webhooks import WebhookVerificationError, verify
@@ -79,6 +84,8 @@ _GAVE_UP = "gave up: "  # the error prefix of a delivery abandoned before its sc
 _RECHECK_S = 5.0
 _NOTICE_BLOCK_MS = 5000
 _BACKOFF_S = (0.05, 2.0)  # first and longest wait after a store error
+#: a task's webhook whose other one is being sent by another process is due again after this
+_IN_ORDER_RETRY_S = 0.5
 
 # Cloud metadata endpoints: refused even when private addresses are allowed.
 _METADATA = frozenset(
@@ -340,7 +347,10 @@ class WebhookSender:
     async def _send(self, entry: OutboxEntry) -> None:
         """One attempt of ``entry``, then end it or schedule the next one."""
         try:
-            await self._attempt(entry)
+            if entry.task_id is None:
+                await self._attempt(entry)
+            else:
+                await self._attempt_in_order(entry, entry.task_id)
         except asyncio.CancelledError:  # shutdown: hand the entry back
             with contextlib.suppress(RecoverableError):
                 await asyncio.shield(self.store.retry_delivery(self.consumer, entry, 0))
@@ -353,14 +363,33 @@ class WebhookSender:
                 self.lease_s,
             )
 
+    async def _attempt_in_order(self, entry: OutboxEntry, task_id: str) -> None:
+        """An attempt of a task's webhook while no other webhook of the task is being sent
+        (a lease per task): a terminal event waits for a preliminary one in flight here,
+        and is due again shortly when another process holds the lease."""
+        if entry.event != PRELIMINARY:
+            earlier = self._sending.get(webhook_id(task_id, PRELIMINARY))
+            if earlier is not None:  # bounded: an attempt ends within the lease
+                await asyncio.wait({earlier[1]}, timeout=self.lease_s)
+        lease = f"webhooks:{task_id}"
+        if not await self.store.acquire_lease(lease, entry.webhook_id, self.lease_s):
+            await self.store.retry_delivery(self.consumer, entry, _IN_ORDER_RETRY_S)
+            return
+        try:
+            await self._attempt(entry)
+        finally:
+            with contextlib.suppress(RecoverableError):
+                await self.store.release_lease(lease, entry.webhook_id)
+
     async def _attempt(self, entry: OutboxEntry) -> None:
         if entry.task_id is not None:
             task = await self.store.get_task(entry.task_id)
             if task is None or task.callback is None:
                 await self.store.finish_delivery(entry.webhook_id)  # expired: nobody to tell
                 return
-            if entry.event == PRELIMINARY and entry.attempts and is_terminal(task.status):
-                await self._give_up(entry, "the task ended before a retry", "superseded")
+            if entry.event == PRELIMINARY and is_terminal(task.status):
+                # its body would show the end, after (or racing) the terminal webhook's
+                await self._give_up(entry, "the task ended before it was sent", "superseded")
                 return
             body = _task_body(task, entry.event)
         else:
