@@ -114,18 +114,28 @@ def _serve_http(settings: Settings, workers: int) -> None:
 
     listener = _listen(settings)
     port = listener.getsockname()[1]  # the one picked when PONDER_PORT is 0
+    host = f"[{settings.host}]" if ":" in settings.host else settings.host
     if not settings.api_keys:
         err_console.print(
             "[yellow]auth is off[/yellow] (PONDER_API_KEYS unset): anyone who can reach "
-            f"{settings.host}:{port} can submit and read tasks"
+            f"{host}:{port} can submit and read tasks"
         )
     store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
-        f"ponder on http://{settings.host}:{port} — store: {store}; "
+        f"ponder on http://{host}:{port} — store: {store}; "
         f"engine: {_engine_line(settings) if workers else '(none: api only)'}"
     )
     application = create_app(settings, workers=workers)
-    server = uvicorn.Server(
+
+    class Server(uvicorn.Server):
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            # uvicorn says this only of sockets it binds itself
+            logging.getLogger("uvicorn.error").info(
+                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+            )
+
+    server = Server(
         uvicorn.Config(
             application,
             host=settings.host,
