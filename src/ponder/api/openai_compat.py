@@ -313,7 +313,9 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
     "/chat/completions",
     responses={
         200: {"description": "a `chat.completion`, or `chat.completion.chunk` events"},
-        **{code: {"description": "OpenAI's error shape"} for code in (400, 401, 409, 422, 503)},
+        **{
+            code: {"description": "OpenAI's error shape"} for code in (400, 401, 404, 409, 422, 503)
+        },
     },
     openapi_extra={
         "requestBody": {
