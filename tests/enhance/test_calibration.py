@@ -42,6 +42,17 @@ def test_a_result_is_capped_at_the_laplace_share_of_its_votes() -> None:
     assert calibration.result_confidence("other", {}, 3, 3) == pytest.approx(0.8)
 
 
+def test_a_mode_fitted_without_the_cap_states_its_model_probability() -> None:
+    sure = LogisticModel(2.0, {})
+    uncapped = LogisticModel(2.0, {}, cap=False)
+    calibration = Calibration(sure, {"standard": uncapped, "fast": sure}, {})
+    assert calibration.result_confidence("standard", {}, 1, 1) == pytest.approx(sure.predict({}))
+    assert calibration.result_confidence("fast", {}, 1, 1) == pytest.approx(2 / 3)
+    assert Calibration.from_json(calibration.to_json()).modes["standard"].cap is False
+    # files written before the flag keep the cap
+    assert LogisticModel.from_json({"intercept": 2.0, "coef": {}}).cap is True
+
+
 def test_features_handle_missing_log_probabilities() -> None:
     assert sample_features(None, 1.0, "length") == {
         "mean_logprob": -2.5,

@@ -12,11 +12,13 @@ quality benchmark's recorded samples and shipped as package data
   samples finished, whether the greedy sample agrees) and the winner's samples (mean
   log-probability, mean signals, mean sample confidence).
 
-By construction one sample is never confident: a result's probability is capped at the
-winner's Laplace share ``(votes + 1) / (finished + 2)`` (2/3 for one sample), and an
-answer of None has probability 0. Confidence depends on the model: the file holds one
-fit per benchmark model (by ``PONDER_MODEL`` name) and one over all of them for other
-models, with the held-out expected calibration error per mode that the benchmark measured.
+A mode's result model may cap its probability at the winner's Laplace share
+``(votes + 1) / (finished + 2)`` (2/3 for one sample): the fit keeps the cap where it
+lowers the calibration error on held-back problems of the fit half, and drops it where
+it only makes a well-supported answer look unsure. An answer of None has probability 0.
+Confidence depends on the model: the file holds one fit per benchmark model (by
+``PONDER_MODEL`` name) and one over all of them for other models, with the held-out
+expected calibration error per mode that the benchmark measured.
 """
 
 from __future__ import annotations
@@ -56,10 +58,12 @@ _LOGPROB_FLOOR = -5.0
 
 @dataclass(frozen=True)
 class LogisticModel:
-    """``sigmoid(intercept + Σ coef[f] · x[f])`` over named features."""
+    """``sigmoid(intercept + Σ coef[f] · x[f])`` over named features; ``cap``: a result
+    model's probability is also capped at the winner's Laplace share."""
 
     intercept: float
     coef: Mapping[str, float]
+    cap: bool = True
 
     def predict(self, features: Mapping[str, float]) -> float:
         z = self.intercept + sum(w * features.get(name, 0.0) for name, w in self.coef.items())
@@ -68,10 +72,11 @@ class LogisticModel:
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> LogisticModel:
-        return cls(float(data["intercept"]), {k: float(v) for k, v in data["coef"].items()})
+        coef = {k: float(v) for k, v in data["coef"].items()}
+        return cls(float(data["intercept"]), coef, bool(data.get("cap", True)))
 
     def to_json(self) -> dict[str, Any]:
-        return {"intercept": self.intercept, "coef": dict(self.coef)}
+        return {"intercept": self.intercept, "coef": dict(self.coef), "cap": self.cap}
 
 
 @dataclass(frozen=True)
@@ -88,9 +93,11 @@ class Calibration:
     def result_confidence(
         self, mode: str, features: Mapping[str, float], votes: int, finished: int
     ) -> float:
-        """P(the voted answer is right), capped at the Laplace share of its votes."""
+        """P(the voted answer is right), capped at the Laplace share of its votes where
+        the mode's model says so."""
         model = self.modes.get(mode) or self.modes["standard"]
-        return min(model.predict(features), laplace_cap(votes, finished))
+        p = model.predict(features)
+        return min(p, laplace_cap(votes, finished)) if model.cap else p
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
