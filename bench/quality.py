@@ -6,17 +6,21 @@
   a standard task of greedy + 8 sampled answers and a deep task of 5 samples, recorded
   in ``bench/results/quality-samples-<model>.jsonl``; an interrupted run resumes.
 - ``peer``: optillm's ``self_consistency`` proxy in front of ``ponder serve`` on the
-  first ``--peer-limit`` problems (``bench/quality_peer.py``), recorded beside it.
+  first ``--peer-limit`` problems of the held-out half (``bench/quality_peer.py``),
+  recorded beside it.
 - ``live``: the live worker runtime on the first ``--live-limit`` problems, with the same
   task ids (so the same sample seeds): its decisions must match the offline replay.
 - ``report``: the offline replay of every configuration (``bench/quality_replay.py``),
+  verdicts on the held-out half (a hash of the problem key), all problems beside them,
   the calibration fit (on one half of the problems, ECE on the other), 95 % Wilson
   intervals and McNemar tests, written to ``bench/results/quality.md`` and ``.png``;
   ``--write-calibration`` also writes ``src/ponder/enhance/calibration.json``.
 
 Problems come from reasoning-gym (offline generators with verified answers):
-``gsm_symbolic``, ``basic_arithmetic`` and ``chain_sum`` (math) and
-``family_relationships`` (a one-word text answer), ``--size`` of each, seeds chosen by
+``gsm_symbolic``, ``basic_arithmetic`` and ``chain_sum`` (math),
+``family_relationships`` (a one-word text answer) and ``arithmetic_choice`` (arithmetic
+as a multiple-choice question, options A-D with generated distractors), ``--size`` of
+each, seeds chosen by
 the script (``--seed``) and printed; a problem is correct when the dataset's own
 ``score_answer`` gives 1.0 for the extracted answer.
 """
@@ -26,20 +30,28 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
+import hashlib
 import json
+import math
 import os
 import platform
 import shlex
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from ponder.enhance.answers import answer_type
-from ponder.enhance.calibration import Calibration, default_calibration
+from ponder.enhance.calibration import (
+    Calibration,
+    LogisticModel,
+    default_calibration,
+    laplace_cap,
+)
 from ponder.enhance.strategy import Strategy
 from quality_collect import (
     DATASETS,
@@ -65,6 +77,7 @@ from quality_replay import (
     fit_logistic,
     half_of,
     mcnemar,
+    rerun_programs,
     wilson,
 )
 
@@ -82,6 +95,8 @@ DEFAULT_TARGET = 0.8
 #: a model with fewer problems in the fit half gets no calibration of its own
 MIN_FIT_PROBLEMS = 30
 GREEDY_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 3.0)
+#: L2 strengths tried for the result models (with or without the Laplace cap)
+L2_GRID = (0.01, 0.1, 1.0, 10.0)
 CONFIDENCE_POWERS = (0.0, 1.0, 2.0, 4.0)
 
 
@@ -156,6 +171,8 @@ class ModelReport:
         self.replayer = Replayer(records, scorer, calibration)
         self.configs: dict[str, list[Outcome]] = {}
         self.labels: dict[str, str] = {}
+        #: program-of-thought outputs that today's program runner changed
+        self.programs_rerun = 0
 
     def add(self, name: str, label: str, fn: Callable[[dict[str, Any]], Outcome]) -> None:
         self.labels[name] = label
@@ -168,6 +185,22 @@ class ModelReport:
     def mean_samples(self, name: str) -> float:
         rows = self.configs[name]
         return sum(o.samples for o in rows) / len(rows) if rows else float("nan")
+
+    def tokens_per_correct(self, name: str) -> float:
+        rows = self.configs[name]
+        correct = sum(o.correct for o in rows)
+        return sum(o.tokens for o in rows) / correct if correct else float("nan")
+
+    def held_out(self) -> ModelReport:
+        """The same replays restricted to the held-out half: the report's verdicts."""
+        view = ModelReport.__new__(ModelReport)
+        view.model, view.replayer, view.labels = self.model, self.replayer, self.labels
+        view.programs_rerun = self.programs_rerun
+        view.records = [x for x in self.records if half_of(x["key"]) == 1]
+        view.configs = {
+            name: [o for o in rows if half_of(o.key) == 1] for name, rows in self.configs.items()
+        }
+        return view
 
 
 def tweak_vote(weight: float, power: float) -> Callable[[Strategy], None]:
@@ -292,7 +325,7 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
                     for n in (3, 5, 8)
                 )
             grid[f"{weight}/{power}"] = correct
-    results: dict[str, list[tuple[dict[str, float], bool]]] = {
+    results: dict[str, list[tuple[dict[str, float], bool, str]]] = {
         "fast": [],
         "standard": [],
         "deep": [],
@@ -304,21 +337,24 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
                 continue
             for i in range(9):
                 o = r.fast(x, i)
-                results["fast"].append((o.features, o.correct))
+                results["fast"].append((o.features, o.correct, x["key"]))
             for n in range(2, 10):
                 for es in (False, True):
                     o = r.run(x, "standard", list(range(n)), early_stop=es)
-                    results["standard"].append((o.features, o.correct))
+                    results["standard"].append((o.features, o.correct, x["key"]))
             for n in (3, 5):
                 for es in (False, True):
                     o = r.run(x, "deep", list(range(n)), early_stop=es)
-                    results["deep"].append((o.features, o.correct))
+                    results["deep"].append((o.features, o.correct, x["key"]))
     names = {
         "fast": ("mean_logprob", "signals", "sample_confidence"),
         "standard": RESULT_FEATURES,
         "deep": RESULT_FEATURES,
     }
-    modes = {m: fit_logistic(rows_m, names[m]) for m, rows_m in results.items() if rows_m}
+    modes, choices = {}, {}
+    for mode, rows_m in results.items():
+        if rows_m:
+            modes[mode], choices[mode] = fit_result_model(rows_m, names[mode])
     info = {
         "fitted": True,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
@@ -327,8 +363,51 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
             1 for rep in reports for x in rep.records if half_of(x["key"]) == 0
         ),
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
+        "result_models": choices,
     }
     return Calibration(sample_model, modes, info), {"grid": grid, "targets": fit_targets(reports)}
+
+
+def fold_of(key: str) -> int:
+    """The cross-validation fold of a fit-half problem (another bit of the key's hash)."""
+    return hashlib.sha256(key.encode()).digest()[1] & 1
+
+
+def stated(model: LogisticModel, features: dict[str, float]) -> float:
+    """The confidence a result with these features states (``Calibration.result_confidence``)."""
+    p = model.predict(features)
+    if not model.cap:
+        return p
+    n = round(math.exp(features["log_finished"]))
+    return min(p, laplace_cap(round(features["share"] * n), n))
+
+
+def fit_result_model(
+    rows: Sequence[tuple[dict[str, float], bool, str]], names: Sequence[str]
+) -> tuple[LogisticModel, dict[str, Any]]:
+    """A mode's result model: its L2 strength and whether it keeps the Laplace cap chosen
+    by 2-fold cross-validation inside the fit half (folds by problem), lowest mean ECE.
+    Results without an answer state 0 whatever the model, so they are not fitted."""
+    rows = [r for r in rows if r[0]]
+    scores: dict[tuple[float, bool], float] = {}
+    for l2 in L2_GRID:
+        fits = [
+            fit_logistic([(f, c) for f, c, k in rows if fold_of(k) != fold], names, l2=l2)
+            for fold in (0, 1)
+        ]
+        for cap in (True, False):
+            errors = [
+                ece(
+                    (stated(replace(fits[fold], cap=cap), f), c)
+                    for f, c, k in rows
+                    if fold_of(k) == fold
+                )[0]
+                for fold in (0, 1)
+            ]
+            scores[(l2, cap)] = sum(errors) / 2
+    l2, cap = min(scores, key=lambda choice: scores[choice])
+    model = replace(fit_logistic([(f, c) for f, c, _ in rows], names, l2=l2), cap=cap)
+    return model, {"l2": l2, "cap": cap, "cv_ece": round(scores[(l2, cap)], 4)}
 
 
 def fit_problems(rep: ModelReport) -> int:
@@ -428,6 +507,21 @@ def command_line() -> str:
     return shlex.join([".venv/bin/python", "bench/quality.py", *sys.argv[1:]])
 
 
+#: the paired comparisons printed per model (McNemar)
+PAIRS = (
+    ("ponder@5", "greedy"),
+    ("ponder@5", "majority@5"),
+    ("ponder@8", "greedy"),
+    ("ponder@5", "ponder@5-plain"),
+    ("ponder@5", "ponder@5-nocisc"),
+    ("ponder@5", "ponder@5-sampled"),
+    (f"stop@8-{DEFAULT_TARGET}", "ponder@8"),
+    ("deep", "ponder@5"),
+    ("deep-stop", "deep"),
+    ("ponder@5-sampled", "optillm-offline"),
+)
+
+
 def machine() -> str:
     from importlib.metadata import version
 
@@ -454,6 +548,13 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
             "standard (N=5) beats greedy, p < 0.05",
             compare(rep, "ponder@5", "greedy"),
             "met" if ok else "**not met**",
+        )
+    )
+    rows.append(
+        (
+            "deep (N=5) >= standard (N=5)",
+            compare(rep, "deep", "ponder@5"),
+            "met" if rep.acc("deep") >= rep.acc("ponder@5") else "**not met**",
         )
     )
     for target in TARGETS:
@@ -575,7 +676,9 @@ def report(args: argparse.Namespace) -> int:
             print(f"no records for {model} in {default_checkpoint(model)}", flush=True)
             continue
         scorer = Scorer(args.datasets, args.size, args.seed)
-        reports.append(ModelReport(model, records, scorer, default_calibration()))
+        rep = ModelReport(model, records, scorer, default_calibration())
+        rep.programs_rerun = asyncio.run(rerun_programs(records))
+        reports.append(rep)
     if not reports:
         return 1
     pooled, fit_info = fit_calibration(reports)
@@ -607,6 +710,9 @@ def report(args: argparse.Namespace) -> int:
         CALIBRATION_PATH.write_text(json.dumps(data, indent=1) + "\n")
         print(f"wrote {CALIBRATION_PATH}", flush=True)
     calibration = pooled
+    fit_info["result_models"] = {
+        model: c.info.get("result_models", {}) for model, c in {**fitted, "pooled": pooled}.items()
+    }
     out: Path = args.out
     png = out.with_suffix(".png")
     plot(reports, {"pairs": pairs, "ece": eces}, png)
@@ -646,6 +752,7 @@ def write_report(
     ]
     for rep in reports:
         n = len(rep.records)
+        held = rep.held_out()
         sessions = collection_sessions(rep.model)
         wall = sum(s.get("wall_s", 0) for s in sessions)
         first = rep.records[0]
@@ -664,54 +771,52 @@ def write_report(
             )
             + ".",
             "",
-            "### Goals",
+            f"### Goals: the held-out half ({len(held.records)} problems)",
             "",
             "| goal | measured | verdict |",
             "|---|---|---|",
         ]
         peer = peer_outcomes(rep, rep.replayer.scorer)
-        lines += [f"| {g} | {m} | {v} |" for g, m, v in goals(rep, peer)]
+        held_peer = [o for o in peer if half_of(o.key) == 1]
+        lines += [f"| {g} | {m} | {v} |" for g, m, v in goals(held, held_peer)]
         lines += [
             "",
             "### Accuracy",
             "",
-            "| config | correct | accuracy % | 95 % Wilson | mean samples | tokens |",
-            "|---|---:|---:|---|---:|---:|",
+            f"Held-out half ({len(held.records)} problems: the verdicts) and all {n} problems "
+            "(the fit half was used for the choices below: calibration, vote weights, stop "
+            "target, extraction fixes). Mean samples and tokens per correct answer are the "
+            "held-out half's.",
+            "",
+            "| config | held-out correct | % | 95 % Wilson | all correct | % | mean samples "
+            "| tokens per correct |",
+            "|---|---:|---:|---|---:|---:|---:|---:|",
         ]
         for name, label in rep.labels.items():
-            rows = rep.configs[name]
-            k = sum(o.correct for o in rows)
+            rows, all_rows = held.configs[name], rep.configs[name]
+            k, k_all = sum(o.correct for o in rows), sum(o.correct for o in all_rows)
             lo, hi = wilson(k, len(rows))
-            tokens = sum(o.tokens for o in rows)
             lines.append(
                 f"| {label} (`{name}`) | {k}/{len(rows)} | {pct(k / len(rows))} | "
-                f"{pct(lo)}-{pct(hi)} | {rep.mean_samples(name):.2f} | {tokens} |"
+                f"{pct(lo)}-{pct(hi)} | {k_all}/{len(all_rows)} | {pct(k_all / len(all_rows))} "
+                f"| {held.mean_samples(name):.2f} | {held.tokens_per_correct(name):.0f} |"
             )
         if peer:
-            k = sum(o.correct for o in peer)
-            lo, hi = wilson(k, len(peer))
+            k, k_all = sum(o.correct for o in held_peer), sum(o.correct for o in peer)
+            lo, hi = wilson(k, len(held_peer))
             lines.append(
-                f"| optillm self_consistency, 5 calls, live (`optillm`) | {k}/{len(peer)} "
-                f"| {pct(k / len(peer))} | {pct(lo)}-{pct(hi)} | 5.00 | - |"
+                f"| optillm self_consistency, 5 calls, live (`optillm`) | {k}/{len(held_peer)} "
+                f"| {pct(k / max(1, len(held_peer)))} | {pct(lo)}-{pct(hi)} | {k_all}/{len(peer)} "
+                f"| {pct(k_all / len(peer))} | 5.00 | - |"
             )
-        lines += ["", "Paired comparisons (McNemar, exact):", ""]
-        for a, b in (
-            ("ponder@5", "greedy"),
-            ("ponder@5", "majority@5"),
-            ("ponder@8", "greedy"),
-            ("ponder@5", "ponder@5-plain"),
-            ("ponder@5", "ponder@5-nocisc"),
-            ("ponder@5", "ponder@5-sampled"),
-            (f"stop@8-{DEFAULT_TARGET}", "ponder@8"),
-            ("deep", "ponder@5"),
-            ("deep-stop", "deep"),
-            ("ponder@5-sampled", "optillm-offline"),
-        ):
-            if a in rep.configs and b in rep.configs:
-                lines.append(f"- {compare(rep, a, b)}")
+        for title, view in (("held-out half", held), (f"all {n} problems", rep)):
+            lines += ["", f"Paired comparisons, {title} (McNemar, exact):", ""]
+            for a, b in PAIRS:
+                if a in view.configs and b in view.configs:
+                    lines.append(f"- {compare(view, a, b)}")
         lines += [
             "",
-            "Accuracy per dataset:",
+            "Accuracy per dataset (all problems):",
             "",
             "| config | " + " | ".join(args.datasets) + " |",
             "|---|" + "---:|" * len(args.datasets),
@@ -741,7 +846,16 @@ def write_report(
             )
         else:
             lines.append("Live check: not run for this model (`quality.py live`).")
-        lines += ["", sample_notes(rep), ""]
+        lines += [
+            "",
+            sample_notes(rep),
+            "",
+            "Program-of-thought samples (deep mode's `pot` path) are judged on their "
+            "programs run again by today's runner (`ponder.enhance.programs.run_program`: "
+            "a last bare expression is printed, as in a notebook); "
+            f"{rep.programs_rerun} outputs differ from the recorded ones.",
+            "",
+        ]
     lines += ["## Calibration", ""]
     lines.append(
         "One fit per model with at least "
@@ -767,6 +881,18 @@ def write_report(
             f"{'met' if ok else '**not met**'} |"
         )
     lines += [
+        "",
+        "Result models: L2 strength and the Laplace cap per mode, chosen by 2-fold "
+        "cross-validation inside the fit half (folds by problem; mean ECE of the folds): "
+        + "; ".join(
+            f"{model}: "
+            + ", ".join(
+                f"{mode} L2 {c['l2']}, cap {'on' if c['cap'] else 'off'} (CV ECE {c['cv_ece']})"
+                for mode, c in choices.items()
+            )
+            for model, choices in fit_info["result_models"].items()
+        )
+        + ".",
         "",
         "Vote weights on the fit half (greedy weight / CISC power: correct at N=3,5,8):",
         "",
@@ -829,7 +955,12 @@ def main() -> None:
         if args.step in ("collect", "all"):
             code |= asyncio.run(collect(args))
         if args.step in ("peer", "all"):
-            problems = Scorer(args.datasets, args.size, args.seed).problems()[: args.peer_limit]
+            # the verdict is the held-out half's, so the peer runs on held-out problems
+            problems = [
+                p
+                for p in Scorer(args.datasets, args.size, args.seed).problems()
+                if half_of(p.key) == 1
+            ][: args.peer_limit]
             records = [
                 {"key": p.key, "question": p.question, "task_type": p.task_type,
                  "max_new_tokens": args.max_new_tokens}

@@ -54,6 +54,38 @@ def half_of(key: str) -> int:
     return hashlib.sha256(key.encode()).digest()[0] & 1
 
 
+async def rerun_programs(records: Sequence[dict[str, Any]], concurrency: int = 4) -> int:
+    """Run every recorded program-of-thought sample's program again, as the service now
+    runs it (``programs.run_program``), and replace its recorded output: the replay then
+    judges those samples with today's program runner, not the collection's. Returns how
+    many outputs changed."""
+    import asyncio
+
+    from ponder.enhance.programs import run_program
+
+    gate = asyncio.Semaphore(concurrency)
+    changed = 0
+
+    async def one(sample: dict[str, Any]) -> None:
+        nonlocal changed
+        async with gate:
+            run = await run_program(sample["text"] or "", SETTINGS)
+        output = run.stdout[-2000:] if run is not None else None
+        changed += output != sample.get("program_output")
+        sample["program_output"] = output
+
+    await asyncio.gather(
+        *(
+            one(sample)
+            for record in records
+            for run in record["runs"].values()
+            for sample in run["samples"]
+            if sample["path"] == "pot" and sample["status"] == "done"
+        )
+    )
+    return changed
+
+
 class Replayer:
     """Replays strategies over one model's records."""
 
