@@ -6,12 +6,9 @@ from typing import Any
 
 import pytest
 
-from ponder.config import load_settings
+from ponder.config import Mode, load_settings
 from ponder.enhance.calibration import Calibration, LogisticModel
 from ponder.enhance.strategy import (
-    DeepStrategy,
-    FastStrategy,
-    StandardStrategy,
     Strategy,
     create_strategy,
     leader_probability,
@@ -68,9 +65,9 @@ def queued(index: int) -> Sample:
 
 
 def test_one_strategy_per_mode_from_one_factory() -> None:
-    assert isinstance(strategy("fast", 1), FastStrategy)
-    assert isinstance(strategy("standard"), StandardStrategy)
-    assert isinstance(strategy("deep"), DeepStrategy)
+    assert strategy("fast", 1).mode is Mode.fast and not strategy("fast", 1).anytime
+    assert strategy("standard").mode is Mode.standard and strategy("standard").anytime
+    assert strategy("deep").mode is Mode.deep and strategy("deep").anytime
 
 
 def test_the_plan_starts_from_greedy() -> None:
@@ -291,7 +288,7 @@ def test_a_clarification_is_always_a_question(reply: str | None) -> None:
 
 def test_preliminary_answers_follow_the_leader_rate_limited() -> None:
     now = [0.0]
-    s = StandardStrategy(task(n=5), SETTINGS, calibration=FLAT, clock=lambda: now[0])
+    s = Strategy(task(n=5), SETTINGS, calibration=FLAT, clock=lambda: now[0])
     first = s.preliminary([done(0, "4", temperature=0), queued(1)])
     assert first is not None and first.answer == "4"
     now[0] = 0.1
@@ -301,7 +298,7 @@ def test_preliminary_answers_follow_the_leader_rate_limited() -> None:
     assert changed is not None and changed.answer == "5"
     now[0] = 2.0
     assert s.preliminary([done(0, "4", temperature=0), done(1, "5"), done(2, "5")]) is None
-    fast = FastStrategy(task("fast", 1), SETTINGS, calibration=FLAT)
+    fast = Strategy(task("fast", 1), SETTINGS, calibration=FLAT)
     assert fast.preliminary([done(0, "4")]) is None
 
 

@@ -1,7 +1,13 @@
-"""Strategies: one object per mode that plans, prompts, judges, stops and fuses a task.
+"""The strategy: one object per task run that plans, prompts, judges, stops and fuses it.
 
-:func:`create_strategy` returns the :class:`Strategy` of a task's mode (``fast``,
-``standard``, ``deep``); the worker drives any of them the same way:
+:func:`create_strategy` returns the :class:`Strategy` of a task; the worker drives every
+mode (``fast``, ``standard``, ``deep``) the same way. What differs between modes is the
+mode's settings (:class:`ponder.config.ModeConfig`: samples, ``early_stop``, ``paths``,
+``progressive``, ``clarify``) and whether it gives anytime answers (:data:`ANYTIME_MODES`);
+what differs between task types is the task's answer type
+(:class:`ponder.enhance.answers.AnswerType`: its paths and instructions, the sandbox runs
+of :meth:`~ponder.enhance.answers.AnswerType.prepare` and
+:meth:`~ponder.enhance.answers.AnswerType.check`, the groups that may win the vote).
 
 1. :meth:`Strategy.plan` — the samples. Sample 0 of a multi-sample task is greedy
    (temperature 0), so the vote starts from the model's most likely answer (the
@@ -10,15 +16,15 @@
 2. :meth:`Strategy.window` — how many samples run at once while the vote is open; when
    one ends and the vote is still open, the next starts (a slow sample does not hold
    back the others).
-3. :meth:`Strategy.judge` — extract a finished sample's answer (running its program or
-   the task's tests where there are any) and set its calibrated confidence.
+3. :meth:`Strategy.judge` — extract a finished sample's answer (the answer type runs its
+   program or the task's tests where there are any) and set its calibrated confidence.
 4. :meth:`Strategy.stop` — after each finished sample: stop when the estimated
    probability that the leading answer stays the leader reaches the target
    (Adaptive-Consistency's Beta criterion over the two largest groups; the request's
    ``target_confidence`` or the mode's default), or when the samples left cannot change
    the leader. The rest are skipped; :meth:`Strategy.saved` says what that saved.
-5. :meth:`Strategy.preliminary` — the anytime answer while samples run: a new one each
-   time the leading answer or its confidence changes (rate-limited).
+5. :meth:`Strategy.preliminary` — the anytime answer while samples run (standard and
+   deep): a new one each time the leading answer or its confidence changes (rate-limited).
 6. :meth:`Strategy.fuse` — the vote: each sample weighs 1 (the greedy one too, see
    :data:`GREEDY_WEIGHT`), times ``exp(CONFIDENCE_POWER * confidence)`` (CISC: the
    calibrated sample confidence), so groups with as many votes are ranked by their
@@ -27,8 +33,9 @@
    with the lowest sample index. ``result.confidence`` is the calibrated probability
    that the answer is right (:mod:`ponder.enhance.calibration`).
 7. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
-   program-of-thought), promotes the first sample (:meth:`Strategy.priority`), and,
-   when the vote is genuinely split, asks one clarifying question
+   program-of-thought where the answer type allows it), promotes the first sample
+   (:meth:`Strategy.priority`), and, when the vote is genuinely split, asks one
+   clarifying question
    (:meth:`Strategy.clarification_messages` / :meth:`Strategy.clarification`).
 """
 
@@ -40,27 +47,23 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 from ponder.config import Mode, ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
-from ponder.enhance.answers.base import ANSWER_LINE
 from ponder.enhance.calibration import (
     Calibration,
     default_calibration,
     result_features,
     sample_features,
 )
-from ponder.enhance.sandbox import extract_program_output, run_python_async, run_tests_async
 from ponder.types import Result, Sample, SampleStatus, Task, TaskType
 
 __all__ = [
+    "ANYTIME_MODES",
     "CONFIDENCE_POWER",
     "GREEDY_WEIGHT",
-    "DeepStrategy",
-    "FastStrategy",
     "Fusion",
-    "StandardStrategy",
     "StopCheck",
     "Strategy",
     "create_strategy",
@@ -82,6 +85,8 @@ PRELIMINARY_STEP = 0.05
 PRELIMINARY_INTERVAL_S = 0.5
 #: the longest clarifying question accepted from the model
 MAX_QUESTION_CHARS = 240
+#: the modes that give a preliminary answer while samples run
+ANYTIME_MODES = frozenset({Mode.standard, Mode.deep})
 
 #: how a question opens: a question word or an auxiliary verb
 _ASKS = re.compile(
@@ -89,18 +94,6 @@ _ASKS = re.compile(
     r"could|should|would|will|shall|may|might|must|have|has|had)\b",
     re.IGNORECASE,
 )
-
-_PATH_INSTRUCTIONS = {
-    "cot": f"Think step by step. {ANSWER_LINE}",
-    "decompose": (
-        "Break the problem into smaller sub-questions and answer each one in turn, "
-        f"then combine them. {ANSWER_LINE}"
-    ),
-    "pot": (
-        "Write a short Python program that computes the answer and prints only the "
-        "answer. Put the whole program in one ```python code block."
-    ),
-}
 
 
 def sample_seed(task_id: str, index: int) -> int:
@@ -179,12 +172,9 @@ def _reasoning(text: str) -> str:
 class Strategy:
     """How one task is run; one instance per task run (it keeps the preliminary state).
 
-    Subclasses set :attr:`mode` and override what their mode does differently.
+    The task's mode decides through its :class:`~ponder.config.ModeConfig` and
+    :data:`ANYTIME_MODES`, the task's type through its answer type (:attr:`answers`).
     """
-
-    mode: ClassVar[Mode]
-    #: a preliminary answer while samples run
-    anytime: ClassVar[bool] = False
 
     def __init__(
         self,
@@ -196,6 +186,9 @@ class Strategy:
     ) -> None:
         self.task = task
         self.settings = settings
+        self.mode = Mode(task.mode)
+        #: a preliminary answer while samples run
+        self.anytime = self.mode in ANYTIME_MODES
         self.config: ModeConfig = settings.mode(task.mode)
         self.calibration = calibration or default_calibration(settings.model)
         self.task_type = resolve_task_type(task)
@@ -231,10 +224,8 @@ class Strategy:
         ]
 
     def _paths(self) -> list[str]:
-        """The mode's ``paths``; program-of-thought only suits math (others use cot)."""
-        return [
-            p if p != "pot" or self.task_type == TaskType.math else "cot" for p in self.config.paths
-        ]
+        """The mode's ``paths``; a path the answer type does not allow runs as cot."""
+        return [p if p in self.answers.paths else "cot" for p in self.config.paths]
 
     def window(self, planned: int) -> int:
         """How many samples run at once while the vote is open: all of them without early
@@ -253,12 +244,7 @@ class Strategy:
 
     def messages(self, sample: Sample) -> list[dict[str, Any]]:
         """The chat messages of one sample: its instruction, then the user's input."""
-        if sample.path == "pot":
-            instruction = _PATH_INSTRUCTIONS["pot"]
-        elif self.task_type in (TaskType.choice, TaskType.code):
-            instruction = self.answers.instruction
-        else:
-            instruction = _PATH_INSTRUCTIONS[sample.path]
+        instruction = self.answers.instruction_for(sample.path)
         task = self.task
         user = task.messages or [{"role": "user", "content": task.prompt or ""}]
         if user and user[0].get("role") == "system":
@@ -268,42 +254,19 @@ class Strategy:
 
     # --- judging ------------------------------------------------------------------------
     async def judge(self, sample: Sample) -> None:
-        """Extract the sample's answer (running its program or the task's tests where
-        there are any) and set its calibrated confidence."""
-        settings = self.settings
-        if sample.path == "pot":
-            program = extract_program_output(sample.text or "")
-            if program is not None:
-                run = await run_python_async(
-                    program,
-                    timeout_s=settings.sandbox_timeout_s,
-                    memory_mb=settings.sandbox_memory_mb,
-                    isolation=settings.sandbox_isolation,
-                )
-                sample.program_output = run.stdout[-2000:]
-                sample.isolation = run.isolation
+        """Extract the sample's answer (the answer type runs its program or the task's
+        tests where there are any) and set its calibrated confidence."""
+        await self.answers.prepare(sample, self.task, self.settings)
         self.rejudge(sample)
-        if self.task_type == TaskType.code and self.task.tests and sample.answer is not None:
-            report = await run_tests_async(
-                sample.answer,
-                self.task.tests,
-                timeout_s=settings.sandbox_timeout_s * 2,
-                memory_mb=settings.sandbox_memory_mb,
-                isolation=settings.sandbox_isolation,
-            )
-            sample.isolation = report.isolation
-            sample.tests_passed = report.passed
-            sample.tests_failed = report.failed + (1 if report.timed_out else 0)
+        await self.answers.check(sample, self.task, self.settings)
         sample.confidence = self.sample_confidence(sample)
 
     def rejudge(self, sample: Sample) -> None:
-        """Set the answer and confidence from the sample's text (a program-of-thought
-        sample: from the last line its program printed). The quality benchmark calls
-        this on recorded samples."""
-        text = sample.text or ""
-        if sample.path == "pot" and sample.program_output is not None:
-            lines = [line for line in sample.program_output.splitlines() if line.strip()]
-            text = lines[-1] if lines else ""
+        """Set the answer and confidence from the sample's text (the answer type's
+        :meth:`~ponder.enhance.answers.AnswerType.answer_text`: a math program-of-thought
+        sample's is the last line its program printed). The quality benchmark calls this
+        on recorded samples."""
+        text = self.answers.answer_text(sample)
         sample.answer = self.answers.extract(text, self.question) if text.strip() else None
         sample.confidence = self.sample_confidence(sample)
 
@@ -325,12 +288,8 @@ class Strategy:
 
     def _groups(self, voters: Sequence[Sample]) -> list[_Group]:
         parts = group_answers([s.answer for s in voters], self.task_type)
-        groups = [_Group([voters[i] for i in g], 0.0) for g in parts]
-        if self.task_type == TaskType.code and any(s.tests_passed is not None for s in voters):
-            best = max(_pass_rate(g.samples) for g in groups)
-            groups = [g for g in groups if _pass_rate(g.samples) == best]
-        for g in groups:
-            g.weight = sum(self._weight(s) for s in g.samples)
+        contenders = self.answers.contenders([[voters[i] for i in g] for g in parts])
+        groups = [_Group(g, sum(self._weight(s) for s in g)) for g in contenders]
         return sorted(groups, key=_rank)
 
     def fuse(self, samples: Sequence[Sample]) -> Fusion | None:
@@ -504,49 +463,14 @@ def _rank(group: _Group) -> tuple[float, float, float, int]:
     return (-round(group.weight, 9), -round(confidence, 9), -mean_logprob, group.first)
 
 
-def _pass_rate(group: Sequence[Sample]) -> float:
-    rates = [
-        (s.tests_passed or 0) / max(1, (s.tests_passed or 0) + (s.tests_failed or 0)) for s in group
-    ]
-    return max(rates)
-
-
-class FastStrategy(Strategy):
-    """One sample; its answer as it is."""
-
-    mode = Mode.fast
-
-
-class StandardStrategy(Strategy):
-    """N chain-of-thought samples (greedy first), the weighted vote, the Beta stop rule,
-    and anytime preliminary answers."""
-
-    mode = Mode.standard
-    anytime = True
-
-
-class DeepStrategy(Strategy):
-    """Like standard, with the deep mode's settings: samples over reasoning paths
-    (``paths``), the first one promoted for an early answer (``progressive``), and a
-    clarifying question when the vote is genuinely split (``clarify``)."""
-
-    mode = Mode.deep
-    anytime = True
-
-
-_STRATEGIES: dict[Mode, type[Strategy]] = {
-    cls.mode: cls for cls in (FastStrategy, StandardStrategy, DeepStrategy)
-}
-
-
 def create_strategy(
     task: Task, settings: Settings, *, calibration: Calibration | None = None
 ) -> Strategy:
-    """The strategy of the task's mode."""
+    """The strategy of the task; ValueError for a mode that does not exist."""
     try:
-        cls = _STRATEGIES[Mode(task.mode)]
-    except (KeyError, ValueError):
+        Mode(task.mode)
+    except ValueError:
         raise ValueError(
             f"Unknown mode: {task.mode!r}; expected one of fast, standard, deep"
         ) from None
-    return cls(task, settings, calibration=calibration)
+    return Strategy(task, settings, calibration=calibration)

@@ -1,11 +1,14 @@
 """The answer-type contract, its registry, and text helpers shared by the types.
 
-An :class:`AnswerType` owns everything that depends on a task type: the instruction its
-samples get, extracting the final answer from a sample's text, the cheap canonical key,
-the equivalence test that keys cannot decide, the reasoning signals used as a confidence
-feature, and how strongly a prompt (or a set of outputs) looks like its type. One class
-per type, registered with :func:`register`; :data:`ANSWER_TYPES` maps each
-:class:`~ponder.types.TaskType` to its instance.
+An :class:`AnswerType` owns everything that depends on a task type: the reasoning paths
+its samples may take and the instruction each gets, extracting the final answer from a
+sample (its text, or what its program printed), running a sample's program or the task's
+tests, the cheap canonical key, the equivalence test that keys cannot decide, which
+groups of answers may win the vote, the reasoning signals used as a confidence feature,
+and how strongly a prompt (or a set of outputs) looks like its type. One class per type,
+registered with :func:`register`; :data:`ANSWER_TYPES` maps each
+:class:`~ponder.types.TaskType` to its instance. :class:`ponder.enhance.strategy.Strategy`
+asks the task's answer type and never tests the task type itself.
 """
 
 from __future__ import annotations
@@ -15,12 +18,17 @@ import unicodedata
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import ClassVar, TypeVar
+from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-from ponder.types import TaskType
+from ponder.types import Sample, Task, TaskType
+
+if TYPE_CHECKING:
+    from ponder.config import Settings
 
 __all__ = [
+    "ANSWER_LINE",
     "ANSWER_TYPES",
+    "PATH_INSTRUCTIONS",
     "TAIL_CHARS",
     "AnswerType",
     "Question",
@@ -35,6 +43,14 @@ __all__ = [
 TAIL_CHARS = 20_000
 #: "End with the sentence: The answer is <answer>." — every chain-of-thought path asks it
 ANSWER_LINE = "End with the sentence: The answer is <answer>."
+#: the system instruction of each reasoning path every type allows (``pot`` is math's)
+PATH_INSTRUCTIONS = {
+    "cot": f"Think step by step. {ANSWER_LINE}",
+    "decompose": (
+        "Break the problem into smaller sub-questions and answer each one in turn, "
+        f"then combine them. {ANSWER_LINE}"
+    ),
+}
 
 
 @dataclass(frozen=True)
@@ -65,7 +81,34 @@ class AnswerType(ABC):
 
     task_type: ClassVar[TaskType]
     #: the system instruction of a chain-of-thought sample of this type
-    instruction: ClassVar[str] = f"Think step by step. {ANSWER_LINE}"
+    instruction: ClassVar[str] = PATH_INSTRUCTIONS["cot"]
+    #: the reasoning paths a sample of this type may take (a mode's ``paths``); a path
+    #: not listed runs as ``cot``
+    paths: ClassVar[frozenset[str]] = frozenset(PATH_INSTRUCTIONS)
+
+    def instruction_for(self, path: str) -> str:
+        """The system instruction of a sample on ``path`` (one of :attr:`paths`): the
+        path's own for ``decompose``, else :attr:`instruction`."""
+        return PATH_INSTRUCTIONS["decompose"] if path == "decompose" else self.instruction
+
+    def answer_text(self, sample: Sample) -> str:
+        """The text a sample's answer is extracted from: its text."""
+        return sample.text or ""
+
+    async def prepare(self, sample: Sample, task: Task, settings: Settings) -> None:
+        """Before the answer is extracted from a finished sample (math: run the program
+        of a program-of-thought sample). Nothing by default."""
+        return None
+
+    async def check(self, sample: Sample, task: Task, settings: Settings) -> None:
+        """After the answer is extracted (code: run the task's tests on it and record
+        the counts on the sample). Nothing by default."""
+        return None
+
+    def contenders(self, groups: list[list[Sample]]) -> list[list[Sample]]:
+        """The groups of same-answer samples that may win the vote: all of them by
+        default (code: those that pass the most tests)."""
+        return groups
 
     def question(self, prompt: str) -> Question:
         """What this type needs to know of the prompt (see :class:`Question`)."""

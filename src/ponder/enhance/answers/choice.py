@@ -117,6 +117,10 @@ class ChoiceAnswer(AnswerType):
     task_type = TaskType.choice
     instruction = f"Answer with the letter of the correct option. {ANSWER_LINE}"
 
+    def instruction_for(self, path: str) -> str:
+        """:attr:`instruction` on every path."""
+        return self.instruction
+
     def question(self, prompt: str) -> Question:
         base = super().question(prompt)
         return Question(prompt, parse_options(prompt), base.words, base.asked)

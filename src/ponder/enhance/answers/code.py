@@ -2,7 +2,8 @@
 
 Two candidates are the same when their ASTs are equal (comments, formatting and
 docstrings ignored); a candidate that does not parse is compared by its stripped text.
-With task tests, the sandbox runs each candidate (see :mod:`ponder.enhance.sandbox`).
+With task tests, the sandbox runs each candidate (see :mod:`ponder.enhance.sandbox`) and
+only the groups whose best candidate passes the most tests may win the vote.
 """
 
 from __future__ import annotations
@@ -12,9 +13,13 @@ import re
 import threading
 import warnings
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 from ponder.enhance.answers.base import AnswerType, Question, register
-from ponder.types import TaskType
+from ponder.types import Sample, Task, TaskType
+
+if TYPE_CHECKING:
+    from ponder.config import Settings
 
 __all__ = ["CodeAnswer", "extract_code_block", "fenced_blocks"]
 
@@ -130,6 +135,14 @@ def _extract_code(text: str) -> str | None:
     return None
 
 
+def _pass_rate(group: Sequence[Sample]) -> float:
+    """The best share of tests passed among the group's samples."""
+    rates = [
+        (s.tests_passed or 0) / max(1, (s.tests_passed or 0) + (s.tests_failed or 0)) for s in group
+    ]
+    return max(rates)
+
+
 _CODE_REQUEST = re.compile(
     r"\b(?:write|implement|complete|create|define|code|fix|refactor|generate)\b[^.?!\n]{0,80}?"
     r"\b(?:function|program|script|class|method|code|snippet|algorithm)\b"
@@ -144,8 +157,38 @@ class CodeAnswer(AnswerType):
     task_type = TaskType.code
     instruction = "Give the complete solution as one ```python code block."
 
+    def instruction_for(self, path: str) -> str:
+        """:attr:`instruction` on every path."""
+        return self.instruction
+
     def extract(self, text: str, question: Question) -> str | None:
         return _extract_code(text)
+
+    async def check(self, sample: Sample, task: Task, settings: Settings) -> None:
+        """With task tests: run them on the sample's answer in the sandbox and count the
+        tests passed and failed (a run that timed out is one more failure)."""
+        if not task.tests or sample.answer is None:
+            return
+        # imported here: the sandbox imports this package
+        from ponder.enhance.sandbox import run_tests_async
+
+        report = await run_tests_async(
+            sample.answer,
+            task.tests,
+            timeout_s=settings.sandbox_timeout_s * 2,
+            memory_mb=settings.sandbox_memory_mb,
+            isolation=settings.sandbox_isolation,
+        )
+        sample.isolation = report.isolation
+        sample.tests_passed = report.passed
+        sample.tests_failed = report.failed + (1 if report.timed_out else 0)
+
+    def contenders(self, groups: list[list[Sample]]) -> list[list[Sample]]:
+        """When tests ran: the groups whose best pass rate is the highest."""
+        if not any(s.tests_passed is not None for g in groups for s in g):
+            return groups
+        best = max(_pass_rate(g) for g in groups)
+        return [g for g in groups if _pass_rate(g) == best]
 
     def key(self, answer: str) -> str:
         """``ast.dump`` of the tree without docstrings (the stripped text if it does not

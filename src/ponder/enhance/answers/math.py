@@ -17,6 +17,10 @@ Choices (also stated in the tests):
   through their key: ``1.2`` != ``12`` and ``0.33`` != ``1/3``. Everything else goes to
   math-verify, in the bounded process pool of :mod:`ponder.enhance.mathverify`; answers
   longer than :data:`MAX_MATH_CHARS` are compared by key only.
+
+Math is the one type whose samples may take the program-of-thought path (``pot``): the
+sample writes a Python program, the sandbox runs it, and the answer is the last line it
+printed.
 """
 
 from __future__ import annotations
@@ -25,9 +29,11 @@ import functools
 import re
 from collections.abc import Sequence
 from fractions import Fraction
+from typing import TYPE_CHECKING
 
 from ponder.enhance.answers.base import (
     ANSWER_ANCHOR,
+    PATH_INSTRUCTIONS,
     TAIL_CHARS,
     AnswerType,
     Question,
@@ -37,7 +43,10 @@ from ponder.enhance.answers.base import (
     statement_signals,
 )
 from ponder.enhance.mathverify import get_pool
-from ponder.types import TaskType
+from ponder.types import Sample, Task, TaskType
+
+if TYPE_CHECKING:
+    from ponder.config import Settings
 
 __all__ = ["MAX_MATH_CHARS", "MathAnswer", "clean_math", "cut_sentence"]
 
@@ -296,9 +305,45 @@ def _math_signals(text: str) -> float:
     return statement_signals(work, [MathAnswer().key(s) for s in _final_statements(text)])
 
 
+#: the instruction of a program-of-thought sample
+POT_INSTRUCTION = (
+    "Write a short Python program that computes the answer and prints only the "
+    "answer. Put the whole program in one ```python code block."
+)
+
+
 @register
 class MathAnswer(AnswerType):
     task_type = TaskType.math
+    paths = frozenset({*PATH_INSTRUCTIONS, "pot"})
+
+    def instruction_for(self, path: str) -> str:
+        return POT_INSTRUCTION if path == "pot" else super().instruction_for(path)
+
+    def answer_text(self, sample: Sample) -> str:
+        """A program-of-thought sample whose program ran: the last line it printed."""
+        if sample.path == "pot" and sample.program_output is not None:
+            lines = [line for line in sample.program_output.splitlines() if line.strip()]
+            return lines[-1] if lines else ""
+        return super().answer_text(sample)
+
+    async def prepare(self, sample: Sample, task: Task, settings: Settings) -> None:
+        """A program-of-thought sample: run its program in the sandbox and keep the end
+        of what it printed (``program_output``) and how it was isolated."""
+        # imported here: the sandbox imports this package
+        from ponder.enhance.sandbox import extract_program_output, run_python_async
+
+        program = extract_program_output(sample.text or "") if sample.path == "pot" else None
+        if program is None:
+            return
+        run = await run_python_async(
+            program,
+            timeout_s=settings.sandbox_timeout_s,
+            memory_mb=settings.sandbox_memory_mb,
+            isolation=settings.sandbox_isolation,
+        )
+        sample.program_output = run.stdout[-2000:]
+        sample.isolation = run.isolation
 
     def extract(self, text: str, question: Question) -> str | None:
         """The final stated answer; a whole number written with a zero fraction ("12.0")
