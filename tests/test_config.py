@@ -138,10 +138,6 @@ CONFLICTS = [
         {"PONDER_MAX_BODY_BYTES": "2048"},
         "metadata of PONDER_MAX_METADATA_BYTES (4096 bytes) can never arrive",
     ),
-    (
-        {"PONDER_VOTE_WEIGHT": "0", "PONDER_CONFIDENCE_WEIGHT": "0"},
-        "PONDER_VOTE_WEIGHT and PONDER_CONFIDENCE_WEIGHT are both 0",
-    ),
 ]
 
 
@@ -179,7 +175,6 @@ def test_consistent_edges_are_accepted() -> None:
         batching="static",
         batch_max_buffer=8,
         max_prompt_chars=262_144,
-        vote_weight=0,
         modes={"deep": {"sample_timeout_s": 420}},
     )
     assert (s.heartbeat_interval_s, s.batch_max_buffer, s.mode("deep").sample_timeout_s) == (
@@ -284,3 +279,13 @@ def test_a_setting_of_an_earlier_version_names_its_replacement(
     assert str(caught.value) == (
         "invalid configuration: PONDER_TORCH_THREADS is gone: set PONDER_ENGINE_THREADS"
     )
+
+
+@pytest.mark.parametrize("name", ["PONDER_VOTE_WEIGHT", "PONDER_CONFIDENCE_WEIGHT"])
+def test_a_removed_setting_is_refused_in_one_line(
+    monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "0.5")
+    with pytest.raises(ConfigError) as caught:
+        load_settings()
+    assert str(caught.value) == f"invalid configuration: {name} is gone: it had no effect"

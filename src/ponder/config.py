@@ -229,10 +229,6 @@ class Settings(BaseSettings):
     modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
 
     # --- enhancement ------------------------------------------------------------------
-    vote_weight: float = Field(default=0.7, ge=0, le=1, description="w_vote: weight of the share")
-    confidence_weight: float = Field(
-        default=0.3, ge=0, le=1, description="w_conf: weight of the group's mean confidence"
-    )
     early_stop_window: int = Field(
         default=3, ge=2, description="early stop: at most this many samples run at once"
     )
@@ -629,14 +625,6 @@ def _limits_fit_in_a_body(s: Settings) -> Iterator[str]:
             )
 
 
-def _vote_has_a_weight(s: Settings) -> Iterator[str]:
-    if s.vote_weight == 0 and s.confidence_weight == 0:
-        yield (
-            "PONDER_VOTE_WEIGHT and PONDER_CONFIDENCE_WEIGHT are both 0, so the vote could "
-            "only pick the first answer: raise one of them"
-        )
-
-
 CROSS_FIELD_CHECKS: list[Callable[[Settings], Iterator[str]]] = [
     _heartbeat_inside_lease,
     _buffer_holds_a_batch,
@@ -644,7 +632,6 @@ CROSS_FIELD_CHECKS: list[Callable[[Settings], Iterator[str]]] = [
     _batch_wait_under_sample_timeouts,
     _mode_defaults_within_caps,
     _limits_fit_in_a_body,
-    _vote_has_a_weight,
 ]
 
 #: settings whose values an error message must not repeat
@@ -683,6 +670,8 @@ _REPLACED = {
     "PONDER_MODEL_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
     "PONDER_LLAMA_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
     "PONDER_LLAMA_KV_TOKENS": "set PONDER_ENGINE_KV_TOKENS",
+    "PONDER_VOTE_WEIGHT": "it had no effect",
+    "PONDER_CONFIDENCE_WEIGHT": "it had no effect",
 }
 
 
