@@ -318,6 +318,11 @@ async def test_judge_runs_the_program_of_a_pot_sample() -> None:
     sample.text = "```python\nprint(6 * 7)\n```"
     await s.judge(sample)
     assert sample.program_output == "42\n" and sample.answer == "42"
+    # a program that ends in a bare expression (Qwen's '65 + 71') has it printed
+    bare = done(1, None, path="pot")
+    bare.text = "```python\n65 + 71\n```"
+    await s.judge(bare)
+    assert bare.program_output == "136\n" and bare.answer == "136"
 
 
 def test_unknown_mode_says_what_is_allowed() -> None:

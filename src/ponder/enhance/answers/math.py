@@ -328,20 +328,15 @@ class MathAnswer(AnswerType):
         return super().answer_text(sample)
 
     async def prepare(self, sample: Sample, task: Task, settings: Settings) -> None:
-        """A program-of-thought sample: run its program in the sandbox and keep the end
-        of what it printed (``program_output``) and how it was isolated."""
+        """A program-of-thought sample: run its program in the sandbox (a last bare
+        expression printed, as a notebook cell does) and keep the end of what it printed
+        (``program_output``) and how it was isolated."""
         # imported here: the sandbox imports this package
-        from ponder.enhance.sandbox import extract_program_output, run_python_async
+        from ponder.enhance.programs import run_program
 
-        program = extract_program_output(sample.text or "") if sample.path == "pot" else None
-        if program is None:
+        run = await run_program(sample.text or "", settings) if sample.path == "pot" else None
+        if run is None:
             return
-        run = await run_python_async(
-            program,
-            timeout_s=settings.sandbox_timeout_s,
-            memory_mb=settings.sandbox_memory_mb,
-            isolation=settings.sandbox_isolation,
-        )
         sample.program_output = run.stdout[-2000:]
         sample.isolation = run.isolation
 
