@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -20,7 +21,7 @@ from ponder.enhance.answers import (
     same_answer,
 )
 from ponder.enhance.answers.choice import parse_options
-from ponder.types import TaskType
+from ponder.types import Sample, TaskType
 
 GSM8K_SOLUTION = """Natalia sold 48/2 = <<48/2=24>>24 clips in May.
 Natalia sold 48+24 = <<48+24=72>>72 clips altogether in April and May.
@@ -736,3 +737,47 @@ def test_a_copy_of_the_options_chooses_none(reply: str, letter: str | None) -> N
     kind = ANSWER_TYPES[TaskType.choice]
     question = kind.question("Calculate 55 * 57.\nA) 3135\nB) 45\nC) 6270\nD) 5313\nAnswer.")
     assert kind.extract(reply, question) == letter
+
+
+# --- the hooks the strategy asks (#22) ------------------------------------------------
+
+
+def _sample(index: int, answer: str, passed: int | None = None, **kw: Any) -> Sample:
+    failed = None if passed is None else 3 - passed
+    return Sample(
+        index=index, temperature=0.5, seed=index, answer=answer, tests_passed=passed,
+        tests_failed=failed, **kw,
+    )  # fmt: skip
+
+
+def test_only_math_allows_program_of_thought() -> None:
+    allowed = {t: ANSWER_TYPES[t].paths for t in ANSWER_TYPES}
+    assert allowed[TaskType.math] == {"cot", "decompose", "pot"}
+    assert all(paths == {"cot", "decompose"} for t, paths in allowed.items() if t != TaskType.math)
+    assert "Python" in ANSWER_TYPES[TaskType.math].instruction_for("pot")
+
+
+def test_choice_and_code_keep_their_instruction_on_every_path() -> None:
+    for t in (TaskType.choice, TaskType.code):
+        kind = ANSWER_TYPES[t]
+        assert kind.instruction_for("decompose") == kind.instruction_for("cot") == kind.instruction
+    text = ANSWER_TYPES[TaskType.text]
+    assert text.instruction_for("cot") == text.instruction
+    assert "sub-questions" in text.instruction_for("decompose")
+
+
+def test_a_program_of_thought_answer_is_the_last_line_printed() -> None:
+    math = ANSWER_TYPES[TaskType.math]
+    ran = _sample(0, "", path="pot", text="```python\nprint(42)\n```", program_output="a\n42\n\n")
+    assert math.answer_text(ran) == "42"
+    assert math.answer_text(ran.model_copy(update={"program_output": None})) == ran.text
+    assert ANSWER_TYPES[TaskType.text].answer_text(ran) == ran.text
+
+
+def test_code_groups_that_pass_fewer_tests_cannot_win() -> None:
+    code = ANSWER_TYPES[TaskType.code]
+    groups = [[_sample(0, "a", 1), _sample(1, "a", 3)], [_sample(2, "b", 3)], [_sample(3, "c", 2)]]
+    assert code.contenders(groups) == groups[:2]
+    untested = [[_sample(0, "a")], [_sample(1, "b")]]
+    assert code.contenders(untested) == untested
+    assert ANSWER_TYPES[TaskType.math].contenders(groups) == groups
