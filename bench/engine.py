@@ -1557,10 +1557,10 @@ def agreement_problems(args: argparse.Namespace) -> tuple[list[_Problem], str]:
     """``--style``'s problems and the report's sentence about them."""
     if args.style == "quality":
         sys.path.insert(0, str(ROOT / "bench"))
-        from ponder.api.schemas import TaskCreate
-        from ponder.api.tasks import build_task
+        from ponder.admission import build_task
         from ponder.config import load_settings
         from ponder.enhance.strategy import create_strategy
+        from ponder.schemas import TaskCreate
         from quality_collect import DATASETS, SEED, Scorer
 
         settings = load_settings()

@@ -286,8 +286,8 @@ async def _collect(
     checkpoint: Path,
     started: float,
 ) -> None:
-    from ponder.api.schemas import TaskCreate
-    from ponder.api.tasks import build_task
+    from ponder.admission import build_task
+    from ponder.schemas import TaskCreate
 
     log_path = checkpoint.with_suffix(".log")
     start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())

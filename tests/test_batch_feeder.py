@@ -9,11 +9,11 @@ from typing import Any
 
 import pytest
 
-from ponder.batch_feeder import LEASE, BatchFeeder
-from ponder.batches import KIND, new_batch
 from ponder.config import Settings
-from ponder.files import FileStore, file_id_of
 from ponder.ids import IdGenerator, sort_key
+from ponder.openai.batch_feeder import LEASE, BatchFeeder
+from ponder.openai.batches import KIND, new_batch
+from ponder.openai.files import FileStore, file_id_of
 from ponder.store import TaskStore
 from ponder.store.base import StoredObject
 

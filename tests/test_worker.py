@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from ponder.api.schemas import TaskCreate
-from ponder.api.tasks import build_task, cancel_task
+from ponder.admission import build_task, cancel_task
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings, load_settings
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.scripted import ScriptedEngine
 from ponder.ids import IdGenerator
+from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
 from ponder.store import create_store
 from ponder.store.base import TaskStore

@@ -6,7 +6,10 @@ derive from :class:`RecoverableError`; the rest are fatal for the operation at h
 
 from __future__ import annotations
 
+from typing import Any
+
 __all__ = [
+    "AdmissionError",
     "BatcherFull",
     "ConfigError",
     "EngineBusy",
@@ -17,6 +20,7 @@ __all__ = [
     "PonderError",
     "QueueFull",
     "RecoverableError",
+    "Refusal",
     "StoreUnavailable",
 ]
 
@@ -55,6 +59,35 @@ class BatcherFull(EngineBusy):
 
 class IdempotencyConflict(PonderError):
     """An Idempotency-Key was reused with a different request body."""
+
+
+class Refusal(PonderError):
+    """A request refused, or one the service cannot serve now, with what its answer says:
+    ``status`` (the HTTP status), ``code`` and ``message`` (ponder's error envelope),
+    ``headers`` (``Retry-After``, ``WWW-Authenticate``) and ``extra`` (fields beside the
+    error, e.g. the task that ended). The task routes answer it with the envelope, the
+    OpenAI routes in OpenAI's shape."""
+
+    def __init__(
+        self,
+        status: int,
+        code: str,
+        message: str,
+        *,
+        headers: dict[str, str] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.headers = headers
+        self.extra = extra or {}
+
+
+class AdmissionError(Refusal):
+    """A task request refused, or a task that cannot be read or cancelled
+    (:mod:`ponder.admission`)."""
 
 
 class InvalidTransition(PonderError):

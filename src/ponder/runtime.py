@@ -12,11 +12,11 @@ from __future__ import annotations
 import asyncio
 import logging
 
-from ponder.batch_feeder import BatchFeeder
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
 from ponder.engines import create_engine
 from ponder.enhance.mathverify import shutdown_pool
+from ponder.openai.batch_feeder import BatchFeeder
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
 from ponder.worker import SampleRunner, Worker

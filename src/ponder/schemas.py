@@ -1,11 +1,13 @@
-"""Request bodies of the HTTP API and their validation (limits come from the settings).
+"""The request of a task (:class:`TaskCreate`) and its validation; the caps that depend
+on the settings are checked by :func:`ponder.admission.build_task`.
 
-``POST /v1/tasks`` is strict: an unknown field is an error that names it (and the field
-meant, when one is close: ``max_tokens`` → ``max_new_tokens``); types are not coerced
-(no ``true`` for an integer, no ``"3"`` for a number); NaN and Infinity are refused
-anywhere, metadata included; a prompt must have a non-blank character; a callback URL
-has no user info and a real port. The SDK validates its submits with the same model, so
-both answer the same error. The OpenAI-compatible routes have their own, lenient models.
+``POST /v1/tasks`` reads its body with this model, which is strict: an unknown field is
+an error that names it (and the field meant, when one is close: ``max_tokens`` →
+``max_new_tokens``); types are not coerced (no ``true`` for an integer, no ``"3"`` for a
+number); NaN and Infinity are refused anywhere, metadata included; a prompt must have a
+non-blank character; a callback URL has no user info and a real port. The SDK validates
+its submits with the same model, so both answer the same error. The OpenAI-compatible
+routes have their own, lenient models (:mod:`ponder.openai`), which become this one.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from pydantic_core import ErrorDetails, PydanticCustomError
 
 from ponder.types import TaskType
 
-__all__ = ["ChatMessage", "ErrorBody", "StrictBody", "TaskCreate", "TaskList", "describe_errors"]
+__all__ = ["ChatMessage", "StrictBody", "TaskCreate", "describe_errors"]
 
 _UNKNOWN_FIELD = "unknown_field"
 #: names from OpenAI's API that difflib would not match to ponder's own
@@ -92,7 +94,8 @@ class ChatMessage(StrictBody):
 
 
 class TaskCreate(StrictBody):
-    """``POST /v1/tasks``. Caps that depend on the configured mode are checked by the API."""
+    """A task request (``POST /v1/tasks``). Caps that depend on the configured mode are
+    checked by :func:`ponder.admission.build_task`."""
 
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
@@ -164,17 +167,3 @@ class TaskCreate(StrictBody):
         if self.messages is not None:
             return sum(len(m.content) for m in self.messages)
         return len(self.prompt or "")
-
-
-class ErrorDetail(BaseModel):
-    code: str
-    message: str
-
-
-class ErrorBody(BaseModel):
-    error: ErrorDetail
-
-
-class TaskList(BaseModel):
-    data: list[dict[str, Any]]
-    next_cursor: str | None

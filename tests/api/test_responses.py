@@ -319,7 +319,7 @@ async def test_an_idempotency_key_repeat_is_the_same_response(sdk: AsyncOpenAI) 
 def test_per_token_deltas_map_to_output_text_or_sample_deltas() -> None:
     """The mapping of task events, with the ``delta`` events a streaming engine adds:
     one sample's text is the output; several samples' texts are ponder's own events."""
-    from ponder.api.responses import ResponseEvents
+    from ponder.openai.responses import ResponseEvents
     from ponder.store.base import Event
     from ponder.types import Result, Task, TaskStatus
 

@@ -2,12 +2,13 @@
 
 A batch runs the requests of an uploaded file (``/v1/files``, ``purpose=batch``) against
 ``/v1/chat/completions`` or ``/v1/responses``, each line as a ponder task at
-``PONDER_BATCH_PRIORITY``; the batch feeder (``ponder.batches``, beside the workers)
-moves it through ``validating → in_progress → finalizing → completed`` (or ``failed``,
-``expired``, ``cancelling → cancelled``) and writes the output and error files.
-``completion_window`` is OpenAI's ``24h``, or any shorter ``<n>s|m|h`` (ponder). The
-extra body field ``webhook_url`` (or ``PONDER_WEBHOOK_URL``) gets the batch's
-``batch.*`` webhook. A key sees only its own batches.
+``PONDER_BATCH_PRIORITY``; the batch feeder (:mod:`ponder.openai.batch_feeder`, beside
+the workers) moves it through ``validating → in_progress → finalizing → completed`` (or
+``failed``, ``expired``, ``cancelling → cancelled``) and writes the output and error
+files. ``completion_window`` is OpenAI's ``24h``, or any shorter ``<n>s|m|h`` (ponder).
+The extra body field ``webhook_url`` (or ``PONDER_WEBHOOK_URL``) gets the batch's
+``batch.*`` webhook. A key sees only its own batches. The request body and the batch
+objects are :mod:`ponder.openai.batches`.
 """
 
 from __future__ import annotations
@@ -17,46 +18,21 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from ponder.api.deps import get_state
-from ponder.api.openai_common import (
-    OpenAIError,
-    caller,
-    check_metadata,
-    check_webhook_url,
-    invalid,
-    list_body,
-    openai_errors,
-    query_int,
-    read_json,
-)
-from ponder.batches import ENDPOINTS, KIND, new_batch, parse_window, public_batch
-from ponder.files import FileStore
+from ponder.api.openai_common import caller, openai_errors, query_int, read_json
 from ponder.ids import sort_key
+from ponder.openai.batches import KIND, batch_request, new_batch, public_batch
+from ponder.openai.common import OpenAIError, check_webhook_url, list_body
+from ponder.openai.files import FileStore
 from ponder.store.base import StoredObject
 
-__all__ = ["BatchCreateRequest", "router"]
+__all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 _CAS_RETRIES = 10
 _CANCELLABLE = ("validating", "in_progress")
-
-
-class BatchCreateRequest(BaseModel):
-    """The fields of OpenAI's batch request that ponder reads (others ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    input_file_id: str = Field(max_length=200)
-    endpoint: str
-    completion_window: str = "24h"
-    metadata: dict[str, str] | None = None
-    # ponder's extension (the OpenAI SDK's ``extra_body``)
-    webhook_url: str | None = Field(default=None, max_length=2000)
-
-    _metadata = field_validator("metadata")(check_metadata)
 
 
 async def _load(request: Request, batch_id: str) -> StoredObject:
@@ -74,20 +50,7 @@ async def create_batch(request: Request) -> Response:
     """Create a batch over an uploaded input file; it starts ``validating``."""
     owner = await caller(request)
     state = get_state(request)
-    try:
-        req = BatchCreateRequest.model_validate(await read_json(request))
-    except ValidationError as e:
-        raise invalid(e) from e
-    if req.endpoint not in ENDPOINTS:
-        raise OpenAIError(
-            422, "invalid", f"endpoint: give one of {', '.join(ENDPOINTS)}", param="endpoint"
-        )
-    try:
-        parse_window(req.completion_window)
-    except ValueError as e:
-        raise OpenAIError(
-            422, "invalid", f"completion_window: {e}", param="completion_window"
-        ) from e
+    req = batch_request(await read_json(request))
     source = await FileStore(state.store, state.settings).get(req.input_file_id, owner)
     if source is None:
         raise OpenAIError.not_found("file", req.input_file_id)

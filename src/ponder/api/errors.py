@@ -1,4 +1,6 @@
-"""The error envelope of API.md on every non-2xx answer; no stack trace reaches a client."""
+"""The error envelope of API.md on every non-2xx answer (:class:`ApiError` and the
+refusals of :mod:`ponder.admission`: :class:`~ponder.errors.Refusal`); no stack trace
+reaches a client."""
 
 from __future__ import annotations
 
@@ -11,8 +13,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from ponder.api.schemas import describe_errors
-from ponder.errors import StoreUnavailable
+from ponder.errors import Refusal, StoreUnavailable
+from ponder.schemas import describe_errors
 
 __all__ = ["ApiError", "error_response", "install_error_handlers"]
 
@@ -32,24 +34,13 @@ _CODES = {
 }
 
 
-class ApiError(Exception):
-    """An answer with the error envelope; ``body_extra`` adds fields (e.g. the task)."""
+class ApiError(Refusal):
+    """An answer of a route with the error envelope (``extra`` adds fields beside it)."""
 
-    def __init__(
-        self,
-        status: int,
-        code: str,
-        message: str,
-        *,
-        headers: dict[str, str] | None = None,
-        body_extra: dict[str, Any] | None = None,
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.body_extra = body_extra or {}
+    @classmethod
+    def of(cls, e: Refusal) -> ApiError:
+        """The same answer as ``e`` (a refusal of :mod:`ponder.admission`) as an ApiError."""
+        return cls(e.status, e.code, e.message, headers=e.headers, extra=e.extra)
 
 
 def error_response(
@@ -65,9 +56,9 @@ def error_response(
 
 
 def install_error_handlers(app: FastAPI) -> None:
-    @app.exception_handler(ApiError)
-    async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, exc.headers, **exc.body_extra)
+    @app.exception_handler(Refusal)  # an ApiError, or a refusal of ponder.admission
+    async def _refused(_: Request, exc: Refusal) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.headers, **exc.extra)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:

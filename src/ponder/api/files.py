@@ -16,9 +16,10 @@ from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
 
 from ponder.api.deps import get_state
-from ponder.api.openai_common import OpenAIError, caller, list_body, openai_errors, query_int
-from ponder.batches import check_batch_file
-from ponder.files import KIND, FileStore, file_id_of
+from ponder.api.openai_common import caller, openai_errors, query_int
+from ponder.openai.batches import check_batch_file
+from ponder.openai.common import OpenAIError, list_body
+from ponder.openai.files import KIND, FileStore, file_id_of
 from ponder.store.base import StoredObject
 
 __all__ = ["router"]

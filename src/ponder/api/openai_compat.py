@@ -31,7 +31,9 @@ task's event log and answers in OpenAI's shape:
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, which
 is also ponder's envelope (``code`` and ``message``). A client that disconnects before
-the answer cancels its task: nobody else is waiting for it.
+the answer cancels its task: nobody else is waiting for it. The request → task and
+task → completion mappings are :mod:`ponder.openai.chat`; this module is the routes,
+the waiting and the stream.
 """
 
 from __future__ import annotations
@@ -39,173 +41,48 @@ from __future__ import annotations
 import json
 import logging
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ponder.api.deps import AppState, get_state
 from ponder.api.events import follow_events, is_final
 from ponder.api.openai_common import (
-    OpenAIError,
     abandon,
     caller,
-    failure,
-    invalid,
-    mode_of,
-    model_names,
     openai_errors,
-    openai_usage,
-    ponder_field,
+    openai_response,
     read_json,
-    served_model,
-    submit,
-    task_request,
-    text_of,
     wait_unless_gone,
 )
-from ponder.api.schemas import TaskCreate
-from ponder.config import Settings
 from ponder.deltas import DELTA
 from ponder.errors import RecoverableError
-from ponder.types import Sample, SampleStatus, Task
+from ponder.openai.chat import (
+    ChatCompletionRequest,
+    chat_body,
+    completion_body,
+    completion_choices,
+    completion_usage,
+)
+from ponder.openai.common import (
+    OpenAIError,
+    failure,
+    model_names,
+    ponder_field,
+    served_model,
+    submit,
+)
+from ponder.types import Task
 
-__all__ = ["ChatCompletionRequest", "chat_body", "completion_body", "router"]
+__all__ = ["router"]
 
 log = logging.getLogger("ponder.api")
 
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 _MODEL_CREATED = 1_764_412_800  # 2025-11-29: a fixed date, as OpenAI's list shows
-_MAX_STOP = 4
-
-
-class ChatCompletionRequest(BaseModel):
-    """The fields of OpenAI's chat completion request that ponder reads (others ignored)."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    model: str = Field(default="ponder", max_length=200)
-    messages: list[dict[str, Any]] = Field(min_length=1)
-    n: int = Field(default=1, ge=1)
-    temperature: float | None = Field(default=None, ge=0.0, le=2.0)
-    max_tokens: int | None = Field(default=None, ge=1)
-    max_completion_tokens: int | None = Field(default=None, ge=1)
-    stop: str | list[str] | None = None
-    stream: bool = False
-    stream_options: dict[str, Any] | None = None
-    # ponder's extensions (the OpenAI SDK's ``extra_body``)
-    mode: Literal["fast", "standard", "deep"] | None = None
-    task_type: Literal["auto", "math", "code", "choice", "text"] = "auto"
-    priority: int = Field(default=3, ge=0, le=5)
-    timeout_s: float | None = Field(default=None, gt=0)
-
-    def stops(self) -> list[str]:
-        stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
-        return [s for s in stops if s]
-
-    def selected_mode(self) -> str:
-        return mode_of(self.model, self.mode)
-
-
-# --- request → task -------------------------------------------------------------------
-def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tuple[
-    ChatCompletionRequest, TaskCreate
-]:  # fmt: skip
-    """A chat completion request body as the request and its task (OpenAI's errors;
-    ``prefix``: where the body sits, for error messages, e.g. in a batch line)."""
-    try:
-        req = ChatCompletionRequest.model_validate(body)
-    except ValidationError as e:
-        raise invalid(e, prefix) from e
-    req.model = served_model(req.model, settings, f"{prefix}model")
-    mode = settings.mode(req.selected_mode())
-    if req.n > mode.max_samples:
-        raise OpenAIError(
-            422,
-            "invalid",
-            f"{prefix}n: {req.n} is over the {req.selected_mode()} mode's maximum "
-            f"{mode.max_samples}",
-            param=f"{prefix}n",
-        )
-    if len(req.stops()) > _MAX_STOP:
-        raise OpenAIError(
-            422, "invalid", f"{prefix}stop: at most {_MAX_STOP} sequences", param=f"{prefix}stop"
-        )
-    messages = []
-    for i, message in enumerate(req.messages):
-        content = text_of(message.get("content"), f"{prefix}messages[{i}].content")
-        entry = {"role": message.get("role"), "content": content}
-        if isinstance(message.get("name"), str):
-            entry["name"] = message["name"]
-        messages.append(entry)
-    fields = {
-        "messages": messages,
-        "mode": req.selected_mode(),
-        "task_type": req.task_type,
-        "priority": req.priority,
-        "samples": max(req.n, mode.samples) if req.n > 1 else None,
-        "max_new_tokens": req.max_completion_tokens or req.max_tokens,
-        "temperature": req.temperature,
-        "timeout_s": req.timeout_s,
-        "stop": req.stops(),
-    }
-    return req, task_request(fields, prefix)
-
-
-# --- task → completion ----------------------------------------------------------------
-def _cut(text: str, stops: list[str]) -> tuple[str, bool]:
-    """``text`` up to the first stop sequence, and whether one was found."""
-    cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-    return (text[:cut], True) if cut >= 0 else (text, False)
-
-
-def _choices(task: Task, n: int, stops: list[str]) -> list[dict[str, Any]]:
-    """The fused answer first, then the other finished samples (reused when too few)."""
-    assert task.result is not None
-    done = [s for s in task.samples if s.status == SampleStatus.done and s.text is not None]
-    chosen = next((s for s in done if s.index == task.result.chosen_sample), None)
-    order: list[Sample | None] = [chosen] + [s for s in done if s is not chosen]
-    choices = []
-    for i in range(n):
-        sample = order[i % len(order)]
-        text = task.result.text if sample is None else sample.text or ""
-        text, stopped = _cut(text, stops)
-        finish = sample.finish_reason if sample is not None else "stop"
-        choices.append(
-            {
-                "index": i,
-                "message": {"role": "assistant", "content": text, "refusal": None},
-                "finish_reason": "length" if finish == "length" and not stopped else "stop",
-                "logprobs": None,
-            }
-        )
-    return choices
-
-
-def _usage(task: Task) -> dict[str, int]:
-    prompt, completion = openai_usage(task)
-    return {
-        "prompt_tokens": prompt,
-        "completion_tokens": completion,
-        "total_tokens": prompt + completion,
-    }
-
-
-def completion_body(task: Task, req: ChatCompletionRequest) -> dict[str, Any]:
-    """The ``chat.completion`` of a task that has a result."""
-    return {
-        "id": f"chatcmpl-{task.id}",
-        "object": "chat.completion",
-        "created": int(task.created_at.timestamp()),
-        "model": req.model,
-        "choices": _choices(task, req.n, req.stops()),
-        "usage": _usage(task),
-        "system_fingerprint": None,
-        "ponder": ponder_field(task),
-    }
 
 
 async def _answer(request: Request, state: AppState, task: Task, req: ChatCompletionRequest,
@@ -215,7 +92,7 @@ async def _answer(request: Request, state: AppState, task: Task, req: ChatComple
     if final is None:
         return Response(status_code=499)  # nobody reads it
     if (error := failure(final, task.id)) is not None:
-        return error.response()
+        return openai_response(error)
     return JSONResponse(completion_body(final, req))
 
 
@@ -288,7 +165,7 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
         if error is not None or final is None:
             yield _sse(error.body() if error else {"error": {"message": "no task"}})
             return
-        choices = _choices(final, req.n, req.stops())
+        choices = completion_choices(final, req.n, req.stops())
         for choice in choices:
             content = choice["message"]["content"]
             if choice["index"] == 0 and field == "content":
@@ -301,7 +178,7 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
             last = {"index": choice["index"], "delta": {}, "finish_reason": choice["finish_reason"]}
             yield _sse({**head, "choices": [last], "ponder": ponder_field(final)})
         if (req.stream_options or {}).get("include_usage"):
-            yield _sse({**head, "choices": [], "usage": _usage(final)})
+            yield _sse({**head, "choices": [], "usage": completion_usage(final)})
         yield b"data: [DONE]\n\n"
     finally:
         if not finished:  # the client disconnected (the response is being cancelled)

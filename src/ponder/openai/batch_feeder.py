@@ -1,6 +1,6 @@
 """The batch feeder: runs a batch's lines as tasks and writes its output and error files.
 
-Batches are store objects (:mod:`ponder.batches`). Every change is a compare-and-set
+Batches are store objects (:mod:`ponder.openai.batches`). Every change is a compare-and-set
 write, so the API's cancel and the feeder never overwrite each other, and a batch
 survives a restart of every process: a new feeder carries on from the stored state.
 
@@ -27,7 +27,7 @@ within ``PONDER_LEASE_S`` of a crash), so no two processes feed one batch. Each 
    always kept; lines that never ran are in the error file as ``batch_cancelled`` /
    ``batch_expired``;
 5. queues the webhooks of ended background responses and batches in the store's outbox
-   (:func:`~ponder.openai_events.enqueue_event`; every worker process's delivery loop
+   (:func:`~ponder.openai.webhooks.enqueue_event`; every worker process's delivery loop
    sends them).
 """
 
@@ -43,14 +43,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ponder.api.errors import ApiError
-from ponder.api.openai_common import OpenAIError, failure, openai_usage, submit
-from ponder.api.openai_compat import chat_body, completion_body
-from ponder.api.responses import KIND as RESPONSE_KIND
-from ponder.api.responses import parse_response_body, response_object
-from ponder.api.schemas import TaskCreate
-from ponder.api.tasks import cancel_task
-from ponder.batches import (
+from ponder import admission
+from ponder.config import Settings
+from ponder.errors import AdmissionError, RecoverableError
+from ponder.ids import IdGenerator
+from ponder.openai.batches import (
     KIND,
     NOT_RUN,
     BatchLine,
@@ -59,11 +56,13 @@ from ponder.batches import (
     read_lines,
     usage_object,
 )
-from ponder.config import Settings
-from ponder.errors import RecoverableError
-from ponder.files import FileStore, file_id_of
-from ponder.ids import IdGenerator
-from ponder.openai_events import BATCH_EVENTS, RESPONSE_EVENTS, enqueue_event
+from ponder.openai.chat import chat_body, completion_body
+from ponder.openai.common import OpenAIError, failure, openai_usage, submit
+from ponder.openai.files import FileStore, file_id_of
+from ponder.openai.responses import KIND as RESPONSE_KIND
+from ponder.openai.responses import parse_response_body, response_object
+from ponder.openai.webhooks import BATCH_EVENTS, RESPONSE_EVENTS, enqueue_event
+from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
 from ponder.store.base import StoredObject, TaskStore
 from ponder.types import Task, TaskStatus
@@ -82,7 +81,7 @@ _Render = Callable[[Task], tuple[int, Any]]
 
 @dataclass
 class _Sink:
-    """Where the feeder submits lines (the routes' ``AppState`` has the same three)."""
+    """Where the feeder submits lines (a :class:`~ponder.admission.TaskSink`)."""
 
     settings: Settings
     store: TaskStore
@@ -197,8 +196,8 @@ class BatchFeeder:
                     task.status == TaskStatus.pending
                     or (ending == "expired" and not is_terminal(task.status))
                 ):
-                    with contextlib.suppress(ApiError):
-                        await cancel_task(self.store, task.id, obj.owner)
+                    with contextlib.suppress(AdmissionError):
+                        await admission.cancel_task(self.store, task.id, obj.owner)
 
     @staticmethod
     def _ending(obj: StoredObject) -> str | None:

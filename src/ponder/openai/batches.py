@@ -3,7 +3,8 @@
 A batch is a store object of kind ``batch``: ``data["batch"]`` is OpenAI's batch object,
 ``data["state"]`` the feeder's progress (the next line to admit, the lines in flight and
 their tasks, how the batch is ending). The feeder that runs them is
-:mod:`ponder.batch_feeder`.
+:mod:`ponder.openai.batch_feeder`; the routes are :mod:`ponder.api.batches` and
+:class:`BatchCreateRequest` their body.
 """
 
 from __future__ import annotations
@@ -14,13 +15,18 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ponder.openai.common import OpenAIError, check_metadata, invalid
 from ponder.store.base import StoredObject
 
 __all__ = [
     "ENDPOINTS",
     "KIND",
     "NOT_RUN",
+    "BatchCreateRequest",
     "BatchLine",
+    "batch_request",
     "check_batch_file",
     "error_line",
     "new_batch",
@@ -36,6 +42,41 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 _WINDOW = re.compile(r"^(\d{1,6})([smh])$")
 _MAX_WINDOW_S = 86_400
 _MAX_CUSTOM_ID = 512
+
+
+class BatchCreateRequest(BaseModel):
+    """The fields of OpenAI's batch request that ponder reads (others ignored)."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    input_file_id: str = Field(max_length=200)
+    endpoint: str
+    completion_window: str = "24h"
+    metadata: dict[str, str] | None = None
+    # ponder's extension (the OpenAI SDK's ``extra_body``)
+    webhook_url: str | None = Field(default=None, max_length=2000)
+
+    _metadata = field_validator("metadata")(check_metadata)
+
+
+def batch_request(body: dict[str, Any]) -> BatchCreateRequest:
+    """A batch request body as the request: its fields, its endpoint (one of
+    :data:`ENDPOINTS`) and its ``completion_window``; errors in OpenAI's shape."""
+    try:
+        req = BatchCreateRequest.model_validate(body)
+    except ValidationError as e:
+        raise invalid(e) from e
+    if req.endpoint not in ENDPOINTS:
+        raise OpenAIError(
+            422, "invalid", f"endpoint: give one of {', '.join(ENDPOINTS)}", param="endpoint"
+        )
+    try:
+        parse_window(req.completion_window)
+    except ValueError as e:
+        raise OpenAIError(
+            422, "invalid", f"completion_window: {e}", param="completion_window"
+        ) from e
+    return req
 
 
 def parse_window(window: str) -> int:

@@ -1,45 +1,29 @@
-"""What the OpenAI-compatible routes share: the error shape, the caller, the model name →
-mode mapping, text content, submitting a task and waiting for it.
+"""What OpenAI's APIs share: the error shape, the model name → mode mapping, text content,
+usage, submitting a task and reading the answer of one that ended.
 
-Used by ``openai_compat.py`` (chat completions), ``responses.py``, ``files.py`` and
-``batches.py``, and by the batch feeder, which runs a batch's lines through the same
+Used by the OpenAI routes (``ponder.api.openai_compat``, ``responses``, ``files``,
+``batches``) and by the batch feeder, which runs a batch's lines through the same
 request → task code as the routes. Errors use OpenAI's shape,
 ``{"error": {"message", "type", "param", "code"}}``, which is also ponder's envelope
-(``code`` and ``message``).
+(``code`` and ``message``). No HTTP here: the routes' side is :mod:`ponder.api.openai_common`.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import functools
-import json
-import logging
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from typing import Any, ParamSpec, Protocol
+from typing import Any, ParamSpec, TypeVar
 
-from fastapi import Request
-from fastapi.responses import JSONResponse, Response
 from pydantic import ValidationError
 
-from ponder import metrics
-from ponder.api.deps import check_rate, get_owner, get_state
-from ponder.api.errors import ApiError
-from ponder.api.events import follow_events, is_final
-from ponder.api.schemas import TaskCreate
-from ponder.api.tasks import build_task, cancel_task
+from ponder import admission
 from ponder.config import SERVED_MODELS, Mode, Settings
-from ponder.errors import IdempotencyConflict, QueueFull, RecoverableError
-from ponder.ids import IdGenerator
-from ponder.store.base import TaskStore
+from ponder.errors import AdmissionError, Refusal
+from ponder.schemas import TaskCreate
 from ponder.types import Task, TaskStatus
-from ponder.webhooks import check_callback_url
 
 __all__ = [
     "OpenAIError",
-    "TaskSink",
-    "abandon",
-    "caller",
     "check_metadata",
     "check_webhook_url",
     "failure",
@@ -47,22 +31,17 @@ __all__ = [
     "list_body",
     "mode_of",
     "model_names",
-    "openai_errors",
+    "openai_shaped",
     "openai_usage",
     "ponder_field",
-    "query_int",
-    "read_json",
     "served_model",
     "submit",
     "task_request",
     "text_of",
-    "until_terminal",
-    "wait_unless_gone",
 ]
 
-log = logging.getLogger("ponder.api")
-
 _P = ParamSpec("_P")
+_T = TypeVar("_T")
 
 _ERROR_TYPES = {
     400: "invalid_request_error",
@@ -101,7 +80,9 @@ class OpenAIError(Exception):
         self.kind = kind
 
     @classmethod
-    def from_api_error(cls, e: ApiError) -> OpenAIError:
+    def of(cls, e: Refusal) -> OpenAIError:
+        """A refusal in ponder's envelope (admission's, the API's auth and rate limit) in
+        OpenAI's shape; ``param``: the field an ``invalid`` message starts with."""
         param = e.message.split(":", 1)[0] if e.code == "invalid" and ":" in e.message else None
         return cls(e.status, e.code, e.message, param=param, headers=e.headers)
 
@@ -116,75 +97,6 @@ class OpenAIError(Exception):
         return {
             "error": {"message": self.message, "type": kind, "param": self.param, "code": self.code}
         }
-
-    def response(self) -> JSONResponse:
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
-
-
-def _unavailable() -> OpenAIError:
-    return OpenAIError(
-        503,
-        "unavailable",
-        "the task store cannot be reached; retry later",
-        headers={"Retry-After": "1"},
-    )
-
-
-def openai_errors(
-    route: Callable[_P, Awaitable[Response]],
-) -> Callable[_P, Awaitable[Response]]:
-    """Answer an :class:`OpenAIError` raised by the route in OpenAI's shape, and a store
-    outage with 503 ``unavailable``."""
-
-    @functools.wraps(route)
-    async def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> Response:
-        try:
-            return await route(*args, **kwargs)
-        except OpenAIError as e:
-            return e.response()
-        except RecoverableError as e:
-            log.warning("%s: %s", route.__name__, e)
-            return _unavailable().response()
-
-    return wrapper
-
-
-async def caller(request: Request) -> str:
-    """The caller's owner id, after auth and the rate limit (errors in OpenAI's shape)."""
-    try:
-        owner = get_owner(request)
-        address = request.client.host if request.client else None
-        await check_rate(get_state(request), owner, address)
-    except ApiError as e:
-        raise OpenAIError.from_api_error(e) from e
-    return owner
-
-
-async def read_json(request: Request) -> dict[str, Any]:
-    """The request body as a JSON object (400 when it is not one)."""
-    try:
-        body = json.loads(await request.body())
-    except ValueError as e:
-        raise OpenAIError(400, "bad_request", "the body is not valid JSON") from e
-    if not isinstance(body, dict):
-        raise OpenAIError(400, "bad_request", "the body must be a JSON object")
-    return body
-
-
-def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
-    """An integer query parameter within ``low..high`` (422 naming it otherwise)."""
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError:
-        value = low - 1
-    if not low <= value <= high:
-        raise OpenAIError(
-            422, "invalid", f"{name}: give an integer from {low} to {high}", param=name
-        )
-    return value
 
 
 def invalid(e: ValidationError, prefix: str = "") -> OpenAIError:
@@ -290,55 +202,25 @@ def list_body(data: Sequence[Mapping[str, Any]], more: bool) -> dict[str, Any]:
 
 
 # --- request → task -------------------------------------------------------------------
-class TaskSink(Protocol):
-    """Where a route (or the batch feeder) submits tasks: the app's state has these."""
+def openai_shaped(call: Callable[_P, Awaitable[_T]]) -> Callable[_P, Awaitable[_T]]:
+    """``call`` (a function of :mod:`ponder.admission`) with its refusals raised in
+    OpenAI's shape (:meth:`OpenAIError.of`)."""
 
-    settings: Settings
-    store: TaskStore
-    ids: IdGenerator
+    @functools.wraps(call)
+    async def shaped(*args: _P.args, **kwargs: _P.kwargs) -> _T:
+        try:
+            return await call(*args, **kwargs)
+        except AdmissionError as e:
+            raise OpenAIError.of(e) from e
+
+    return shaped
 
 
-async def submit(
-    sink: TaskSink,
-    req: TaskCreate,
-    owner: str,
-    idempotency_key: str | None,
-    *,
-    task_id: str | None = None,
-    batch: bool = False,
-) -> tuple[Task, bool]:
-    """Build the task of ``req`` (with ``task_id``, or a new id) and store it; the task and
-    whether it is new.
-
-    ``batch``: a batch line (admitted against the batch lines' own backlog of
-    ``batch_max_in_flight``, at ``batch_priority``). Errors in OpenAI's shape.
-    """
-    settings = sink.settings
-    try:
-        task = build_task(req, settings, task_id=task_id or sink.ids.new_id(), owner=owner)
-        if batch:
-            task.priority = settings.batch_priority
-        stored, created = await sink.store.create_task(
-            task,
-            max_pending=settings.batch_max_in_flight if batch else settings.max_pending,
-            idempotency_key=idempotency_key,
-            body_hash=req.body_hash() if idempotency_key else None,
-            batch=batch,
-        )
-    except ApiError as e:
-        raise OpenAIError.from_api_error(e) from e
-    except QueueFull as e:
-        metrics.TASKS_REJECTED.labels(code="queue_full").inc()
-        raise OpenAIError(
-            503, "queue_full", str(e), headers={"Retry-After": str(settings.retry_after_s)}
-        ) from e
-    except IdempotencyConflict as e:
-        raise OpenAIError(
-            409, "conflict", "this Idempotency-Key was used with another request body"
-        ) from e
-    if created:
-        metrics.TASKS_SUBMITTED.labels(mode=task.mode).inc()
-    return stored, created
+#: build the task of a request and store it (:func:`ponder.admission.submit`)
+submit = openai_shaped(admission.submit)
+#: a webhook URL a request names: signing configured, a public host
+#: (:func:`ponder.admission.check_callback`; its ``param`` names the field)
+check_webhook_url = openai_shaped(admission.check_callback)
 
 
 def task_request(fields: Mapping[str, Any], prefix: str = "") -> TaskCreate:
@@ -348,24 +230,6 @@ def task_request(fields: Mapping[str, Any], prefix: str = "") -> TaskCreate:
         return TaskCreate.model_validate({k: v for k, v in fields.items() if v is not None})
     except ValidationError as e:
         raise invalid(e, prefix) from e
-
-
-async def check_webhook_url(url: str, settings: Settings, param: str) -> None:
-    """A webhook URL a request names: signing must be configured and the host public
-    (the SSRF guard of task callbacks); 422 naming ``param`` otherwise."""
-    if settings.webhook_secret is None:
-        raise OpenAIError(
-            422,
-            "invalid",
-            f"{param}: this service has no webhook signing secret; its operator must set "
-            "PONDER_WEBHOOK_SECRET (`ponder keys webhook-secret` prints one)",
-            param=param,
-        )
-    try:
-        await check_callback_url(url, settings.callback_allow_private)
-    except ValueError as e:
-        message = str(e).replace("callback_url", param, 1)
-        raise OpenAIError(422, "invalid", message, param=param) from e
 
 
 # --- task → answer --------------------------------------------------------------------
@@ -387,45 +251,3 @@ def failure(task: Task | None, task_id: str) -> OpenAIError | None:
         message = task.error.message if task.error else "no sample finished"
         return OpenAIError(500, code, f"task {task.id} failed: {message}", headers=no_retry)
     return None
-
-
-async def until_terminal(store: TaskStore, task_id: str, idle_s: float) -> Task | None:
-    """Follow the task's events until its terminal one; the task as it ended."""
-    async for event in follow_events(store, task_id, None, idle_s=idle_s, deltas=False):
-        if event is not None and is_final(event):
-            break
-    return await store.get_task(task_id)
-
-
-async def _until_disconnect(request: Request) -> None:
-    while (await request.receive())["type"] != "http.disconnect":
-        pass
-
-
-async def abandon(store: TaskStore, task_id: str, owner: str) -> None:
-    """The client left before its answer: cancel the task (best effort)."""
-    with contextlib.suppress(ApiError, RecoverableError):
-        await cancel_task(store, task_id, owner)
-        log.info("task %s cancelled: its client disconnected", task_id)
-
-
-async def wait_unless_gone(
-    request: Request, store: TaskStore, task_id: str, owner: str, idle_s: float
-) -> Task | None:
-    """Wait for the task to end; if the client disconnects first, cancel the task
-    (nobody else is waiting for it) and return None. A store error is raised."""
-    waiter = asyncio.create_task(until_terminal(store, task_id, idle_s))
-    watch = asyncio.create_task(_until_disconnect(request))
-    try:
-        await asyncio.wait({waiter, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for job in (waiter, watch):
-            job.cancel()
-        await asyncio.gather(waiter, watch, return_exceptions=True)
-    if not waiter.done() or waiter.cancelled():
-        await abandon(store, task_id, owner)
-        return None
-    final = waiter.result()
-    if final is None:
-        raise OpenAIError(500, "internal", f"task {task_id} disappeared")
-    return final

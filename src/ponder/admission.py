@@ -1,0 +1,186 @@
+"""Admission: a task request becomes a stored, queued task; a caller's task is read or
+cancelled. Below the API: the task routes (``/v1/tasks``), the OpenAI routes and the
+batch feeder all come through here.
+
+A request that is refused raises :class:`~ponder.errors.AdmissionError` with the status,
+code and message of its answer; each caller answers it in its own shape (the error
+envelope of ``/v1/tasks``, OpenAI's error object, a batch's error line). Metrics of
+submits, rejections and cancels are counted here, once for every caller.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Protocol
+
+from ponder import metrics
+from ponder.config import Settings
+from ponder.errors import AdmissionError, IdempotencyConflict, QueueFull
+from ponder.ids import IdGenerator, parse_task_id
+from ponder.schemas import TaskCreate
+from ponder.states import is_terminal
+from ponder.store.base import TaskStore
+from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
+from ponder.webhooks import check_callback_url
+
+__all__ = ["TaskSink", "build_task", "cancel_task", "check_callback", "load_task", "submit"]
+
+_CAS_RETRIES = 10
+
+
+class TaskSink(Protocol):
+    """Where tasks are submitted: the settings, the store and an id generator (the API's
+    state has these, and so has the batch feeder)."""
+
+    settings: Settings
+    store: TaskStore
+    ids: IdGenerator
+
+
+def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str) -> Task:
+    """Check ``req`` against the configured limits and turn it into a pending Task."""
+    mode = settings.mode(req.mode)
+    if req.prompt_chars() > settings.max_prompt_chars:
+        raise AdmissionError(
+            413,
+            "too_large",
+            f"the prompt has {req.prompt_chars()} characters; the limit is "
+            f"{settings.max_prompt_chars}",
+        )
+    caps: list[tuple[str, float | None, float]] = [
+        ("samples", req.samples, mode.max_samples),
+        ("max_new_tokens", req.max_new_tokens, mode.max_max_new_tokens),
+        ("temperature", req.temperature, mode.max_temperature),
+        ("timeout_s", req.timeout_s, mode.max_timeout_s),
+    ]
+    for name, value, cap in caps:
+        if value is not None and value > cap:
+            shown = value if isinstance(value, int) else f"{value:g}"  # ints may exceed a float
+            raise AdmissionError(
+                422, "invalid", f"{name}: {shown} is over the {req.mode} mode's maximum {cap:g}"
+            )
+    metadata_bytes = len(json.dumps(req.metadata, separators=(",", ":")).encode())
+    if metadata_bytes > settings.max_metadata_bytes:
+        raise AdmissionError(
+            422,
+            "invalid",
+            f"metadata: {metadata_bytes} bytes as JSON; the limit is {settings.max_metadata_bytes}",
+        )
+    if req.tests is not None and len(req.tests) > settings.max_tests_chars:
+        raise AdmissionError(422, "invalid", f"tests: over {settings.max_tests_chars} characters")
+    timeout_s = req.timeout_s if req.timeout_s is not None else mode.task_timeout_s
+    return Task(
+        id=task_id,
+        mode=req.mode,
+        task_type=req.task_type,
+        priority=req.priority,
+        samples_planned=req.samples or mode.samples,
+        prompt=req.prompt,
+        messages=[m.model_dump(exclude_none=True) for m in req.messages] if req.messages else None,
+        max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
+        temperature=req.temperature
+        if req.temperature is not None
+        else mode.temperature_for(req.samples or mode.samples),
+        timeout_s=timeout_s,
+        sample_timeout_s=min(mode.sample_timeout_s, timeout_s),
+        tests=req.tests,
+        early_stop=req.early_stop,
+        target_confidence=req.target_confidence,
+        stop=req.stop,
+        metadata=req.metadata,
+        callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
+        owner=owner,
+    )
+
+
+async def check_callback(url: str, settings: Settings, param: str = "callback_url") -> None:
+    """A webhook URL a request names (``param``: its field): signing must be configured
+    and the host public (the SSRF guard of :func:`~ponder.webhooks.check_callback_url`);
+    422 ``invalid`` naming ``param`` otherwise."""
+    if settings.webhook_secret is None:
+        raise AdmissionError(
+            422,
+            "invalid",
+            f"{param}: this service has no webhook signing secret; its operator must set "
+            "PONDER_WEBHOOK_SECRET (`ponder keys webhook-secret` prints one)",
+        )
+    try:
+        await check_callback_url(url, settings.callback_allow_private)
+    except ValueError as e:
+        raise AdmissionError(422, "invalid", str(e).replace("callback_url", param, 1)) from e
+
+
+async def submit(
+    sink: TaskSink,
+    req: TaskCreate,
+    owner: str,
+    idempotency_key: str | None,
+    *,
+    task_id: str | None = None,
+    batch: bool = False,
+) -> tuple[Task, bool]:
+    """Build the task of ``req`` (with ``task_id``, or a new id) and store it; the task and
+    whether it is new (False: the task of an earlier request with ``idempotency_key``).
+
+    ``batch``: a batch line (admitted against the batch lines' own backlog of
+    ``batch_max_in_flight``, at ``batch_priority``).
+    """
+    settings = sink.settings
+    task = build_task(req, settings, task_id=task_id or sink.ids.new_id(), owner=owner)
+    if req.callback_url is not None:
+        await check_callback(str(req.callback_url), settings)
+    if batch:
+        task.priority = settings.batch_priority
+    try:
+        stored, created = await sink.store.create_task(
+            task,
+            max_pending=settings.batch_max_in_flight if batch else settings.max_pending,
+            idempotency_key=idempotency_key,
+            body_hash=req.body_hash() if idempotency_key else None,
+            batch=batch,
+        )
+    except QueueFull as e:
+        metrics.TASKS_REJECTED.labels(code="queue_full").inc()
+        raise AdmissionError(
+            503, "queue_full", str(e), headers={"Retry-After": str(settings.retry_after_s)}
+        ) from e
+    except IdempotencyConflict as e:
+        raise AdmissionError(
+            409, "conflict", "this Idempotency-Key was used with another request body"
+        ) from e
+    if created:
+        metrics.TASKS_SUBMITTED.labels(mode=task.mode).inc()
+    return stored, created
+
+
+async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
+    """The caller's task, or 404 (unknown id, malformed id, or another key's task)."""
+    task = await store.get_task(task_id) if parse_task_id(task_id) else None
+    if task is None or task.owner != owner:
+        raise AdmissionError(404, "not_found", f"no task {task_id!r}")
+    return task
+
+
+async def cancel_task(store: TaskStore, task_id: str, owner: str) -> Task:
+    """Cancel a pending or running task (idempotent for a cancelled one; 409 otherwise)."""
+    for _ in range(_CAS_RETRIES):
+        task = await load_task(store, task_id, owner)
+        if task.status == TaskStatus.cancelled:
+            return task
+        if is_terminal(task.status):
+            raise AdmissionError(
+                409,
+                "conflict",
+                f"the task already ended ({task.status.value}); only pending or running "
+                "tasks can be cancelled",
+                extra={"task": task.to_public()},
+            )
+        task.status = TaskStatus.cancelled
+        task.finished_at = utcnow()
+        for sample in task.samples:
+            if sample.status in (SampleStatus.queued, SampleStatus.running):
+                sample.status = SampleStatus.cancelled
+        if await store.update_task(task, [("status", {"status": "cancelled"})]):
+            metrics.TASKS_FINISHED.labels(status="cancelled").inc()
+            return task
+    raise AdmissionError(503, "unavailable", "the task kept changing while cancelling; retry")
