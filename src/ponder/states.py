@@ -12,10 +12,20 @@ ends); the API creates tasks (``pending``) and cancels them.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from typing import Any, Protocol
+
 from ponder.errors import InvalidTransition
 from ponder.types import TaskStatus
 
-__all__ = ["TERMINAL", "TRANSITIONS", "check_transition", "is_terminal"]
+__all__ = [
+    "STATUS_EVENTS",
+    "TERMINAL",
+    "TRANSITIONS",
+    "check_transition",
+    "is_final",
+    "is_terminal",
+]
 
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.pending: frozenset({TaskStatus.running, TaskStatus.cancelled}),
@@ -33,6 +43,26 @@ TERMINAL: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() 
 
 def is_terminal(status: TaskStatus | str) -> bool:
     return TaskStatus(status) in TERMINAL
+
+
+#: the kinds of event (of a task's event stream) that carry the task's status
+STATUS_EVENTS: tuple[str, ...] = ("status", "result")
+_TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
+
+
+class _Event(Protocol):
+    """An event of a task's stream: the store's record, or the SDK's ``TaskEvent``."""
+
+    @property
+    def event(self) -> str: ...
+
+    @property
+    def data(self) -> Mapping[str, Any]: ...
+
+
+def is_final(event: _Event) -> bool:
+    """True for the event that carries a terminal status: the last of a task's stream."""
+    return event.event in STATUS_EVENTS and event.data.get("status") in _TERMINAL_VALUES
 
 
 def check_transition(old: TaskStatus | str, new: TaskStatus | str) -> None:

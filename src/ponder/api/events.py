@@ -39,17 +39,17 @@ from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
 from ponder.deltas import DELTA
 from ponder.errors import RecoverableError, StoreUnavailable
-from ponder.states import is_terminal
+from ponder.states import is_final, is_terminal
 from ponder.store.base import Event, TaskStore
-from ponder.types import TaskStatus
 
+# is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
+# that follow events
 __all__ = ["follow_events", "format_sse", "is_final", "router"]
 
 log = logging.getLogger("ponder.api")
 
 router = APIRouter(prefix="/v1", tags=["tasks"])
 
-_TERMINAL = frozenset(s.value for s in TaskStatus if is_terminal(s))
 _PAGE = 100
 _MAX_EVENT_ID = 64
 _SSE_RETRY_MS = 1000
@@ -58,11 +58,6 @@ _WS_NORMAL, _WS_ERROR = 1000, 1011
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 422, 429, 503)
 }
-
-
-def is_final(event: Event) -> bool:
-    """True for the event that carries a terminal status (the last one of a task)."""
-    return event.event in ("status", "result") and event.data.get("status") in _TERMINAL
 
 
 async def follow_events(
