@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import time
+import typing
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
@@ -379,3 +381,30 @@ def test_top_level_exports() -> None:
     assert {"Client", "AsyncClient"} <= set(ponder.__all__)
     with pytest.raises(AttributeError):
         _ = ponder.NoSuchThing  # type: ignore[attr-defined]
+
+
+SUBMIT_PARAMETERS = {
+    "prompt": None, "messages": None, "mode": "standard", "task_type": "auto", "priority": 3,
+    "callback_url": None, "samples": None, "max_new_tokens": None, "temperature": None,
+    "timeout_s": None, "tests": None, "stop": None, "early_stop": None,
+    "target_confidence": None, "metadata": None, "idempotency_key": None,
+}  # fmt: skip
+
+
+def test_both_clients_have_the_same_methods_and_signatures() -> None:
+    """One core under two clients: the same parameters and defaults; the async one's
+    methods are coroutine functions (``events``: an async generator)."""
+    methods = ("submit", "get", "cancel", "list", "tasks", "events", "wait", "close")
+    for name in methods:
+        blocking, coroutine = getattr(Client, name), getattr(AsyncClient, name)
+        parameters = inspect.signature(blocking).parameters
+        assert parameters == inspect.signature(coroutine).parameters, name
+        assert not inspect.iscoroutinefunction(blocking), name
+        is_async = inspect.iscoroutinefunction(coroutine) or inspect.isasyncgenfunction(coroutine)
+        assert is_async, name
+    submit = inspect.signature(Client.submit).parameters
+    assert {n: p.default for n, p in submit.items() if n != "self"} == SUBMIT_PARAMETERS
+    assert [n for n, p in submit.items() if p.kind is p.KEYWORD_ONLY] == list(SUBMIT_PARAMETERS)[1:]
+    assert typing.get_type_hints(AsyncClient.submit)["return"] is Task
+    assert "InvalidRequestError" in (inspect.getdoc(AsyncClient.submit) or "")
+    assert TaskEvent.__module__ == NotFoundError.__module__ == "ponder.client"
