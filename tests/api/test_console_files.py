@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import re
+from importlib import resources
 
 import httpx
 import pytest
 
-from ponder.api.console import FILES
+from ponder.api.console import FILES, NAMES
 from ponder.api.deps import key_digest
 from ponder.config import Settings
+from ponder.states import is_terminal
+from ponder.types import TaskStatus
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -50,5 +53,17 @@ async def test_config_says_whether_a_key_is_needed(settings: Settings) -> None:
             LiveServer(secured, workers=0) as live,
             httpx.AsyncClient(base_url=live.url) as c,
         ):
-            assert (await c.get("/console/config.json")).json() == {"auth": auth}
+            config = (await c.get("/console/config.json")).json()
+            assert config == {"auth": auth, **NAMES}
             assert (await c.get("/console")).status_code == 200  # the page itself needs no key
+
+
+def test_config_gives_the_console_the_services_names() -> None:
+    """The page keeps no copy of the statuses: it reads them from the config."""
+    assert NAMES["statuses"] == [s.value for s in TaskStatus]
+    assert NAMES["terminal"] == ["done", "partial_done", "failed", "cancelled"]
+    assert all(is_terminal(s) == (s in NAMES["terminal"]) for s in NAMES["statuses"])
+    assert NAMES["status_events"] == ["status", "result"]
+    assert NAMES["finished_samples"] == ["done", "timeout", "error", "cancelled", "skipped"]
+    script = (resources.files("ponder") / "console" / "app.js").read_text(encoding="utf-8")
+    assert '"partial_done"' not in script and '"skipped"' not in script

@@ -7,8 +7,11 @@ elsewhere, so "everything it loads comes from the service" is enforced, not hope
 
 The console talks to the same API as every client (``/v1/tasks``, ``/v1/overview``, the
 events stream read with ``fetch`` so that an API key travels in the ``Authorization``
-header, never in a URL). ``/console/config.json`` tells it whether API keys are on; if
-so it asks for one before its first call and keeps it in the tab's session storage.
+header, never in a URL). ``/console/config.json`` tells it whether API keys are on (if
+so it asks for one before its first call and keeps it in the tab's session storage) and
+the service's names it works with: the task statuses, the terminal ones (from
+:mod:`ponder.states`), the events that carry a status, a finished sample's statuses. The
+script keeps no copy of its own.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ponder.api.deps import AppState, get_state
 from ponder.api.errors import ApiError
+from ponder.states import STATUS_EVENTS, TERMINAL
+from ponder.types import SampleStatus, TaskStatus
 
 __all__ = ["router"]
 
@@ -44,6 +49,17 @@ _HEADERS = {
     "Cache-Control": "no-cache",
 }
 
+#: the names the console's script works with (in the order it shows them)
+NAMES = {
+    "statuses": [s.value for s in TaskStatus],
+    "terminal": [s.value for s in TaskStatus if s in TERMINAL],
+    "status_events": list(STATUS_EVENTS),
+    # a sample no longer queued or running: its text is final
+    "finished_samples": [
+        s.value for s in SampleStatus if s not in (SampleStatus.queued, SampleStatus.running)
+    ],
+}
+
 
 @cache
 def _read(name: str) -> bytes:
@@ -64,8 +80,9 @@ async def root() -> RedirectResponse:
 
 @router.get("/console/config.json")
 async def console_config(state: Annotated[AppState, Depends(get_state)]) -> JSONResponse:
-    """What the page must know before its first API call: whether it needs a key."""
-    return JSONResponse({"auth": bool(state.settings.api_keys)}, headers=_HEADERS)
+    """What the page must know before its first API call: whether it needs a key, and the
+    service's names (:data:`NAMES`)."""
+    return JSONResponse({"auth": bool(state.settings.api_keys), **NAMES}, headers=_HEADERS)
 
 
 @router.get("/console")

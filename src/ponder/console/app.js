@@ -7,15 +7,18 @@
 "use strict";
 
 const KEY_STORAGE = "ponder-api-key";
-const STATUSES = ["pending", "running", "done", "partial_done", "failed", "cancelled"];
-const FINISHED = ["done", "partial_done", "failed", "cancelled"];
-const FINAL = new Set(FINISHED);
 const OVERVIEW_EVERY_MS = 2000;
 const LIST_EVERY_MS = 3000;
 const PAGE_SIZE = 20;
 const MAX_RECONNECTS = 8;
 
 const state = { auth: false, view: null, keyPromise: null };
+
+// The service's names, from /console/config.json before anything is shown (no copy here):
+// every task status, the terminal ones, the events that carry a task's status, and the
+// statuses of a finished sample.
+const names = { statuses: [], terminal: [], statusEvents: [], finishedSamples: [] };
+const isTerminal = (status) => names.terminal.includes(status);
 
 // --- small helpers ------------------------------------------------------------------
 const $ = (selector) => document.querySelector(selector);
@@ -204,8 +207,9 @@ async function* sseEvents(body) {
   }
 }
 
+/** The event that carries a terminal status: the stream's last. */
 function isFinal(event) {
-  return (event.event === "status" || event.event === "result") && FINAL.has(event.data.status);
+  return names.statusEvents.includes(event.event) && isTerminal(event.data.status);
 }
 
 // --- routing -------------------------------------------------------------------------
@@ -289,11 +293,12 @@ function renderOverview(el, data) {
 
 function finishedTile(finished) {
   const buckets = finished.recent;
-  const most = Math.max(1, ...buckets.map((b) => FINISHED.reduce((sum, s) => sum + b[s], 0)));
+  const ended = names.terminal;
+  const most = Math.max(1, ...buckets.map((b) => ended.reduce((sum, s) => sum + b[s], 0)));
   const columns = buckets.map((b) => {
-    const total = FINISHED.reduce((sum, s) => sum + b[s], 0);
-    const column = h("div", { class: "col", title: `${fmtTime(b.start)}: ` + FINISHED.map((s) => `${s} ${b[s]}`).join(", ") });
-    for (const status of FINISHED) {
+    const total = ended.reduce((sum, s) => sum + b[s], 0);
+    const column = h("div", { class: "col", title: `${fmtTime(b.start)}: ` + ended.map((s) => `${s} ${b[s]}`).join(", ") });
+    for (const status of ended) {
       if (!b[status]) continue;
       const part = h("span", { class: `seg s-${status}` });
       part.style.height = `${(100 * b[status]) / most}%`;
@@ -302,7 +307,7 @@ function finishedTile(finished) {
     column.dataset.total = String(total);
     return column;
   });
-  const totals = FINISHED.map((s) => h("span", { class: `chip s-${s}`, dataset: { status: s } }, `${s.replace("_", " ")} ${finished.total[s]}`));
+  const totals = ended.map((s) => h("span", { class: `chip s-${s}`, dataset: { status: s } }, `${s.replace("_", " ")} ${finished.total[s]}`));
   return h("div", { class: "tile wide" }, h("div", { class: "tile-title" }, "Tasks finished"),
     h("div", { class: "chips" }, totals),
     h("div", { class: "minutes", "aria-label": "finished per minute" }, columns),
@@ -346,7 +351,7 @@ function taskList() {
   let cursors = [null]; // the cursor of each page seen
   let page = 0;
   let next = null;
-  const filter = choice("status-filter", ["all", ...STATUSES], "all");
+  const filter = choice("status-filter", ["all", ...names.statuses], "all");
   filter.setAttribute("aria-label", "Filter by status");
   const body = h("tbody");
   const newer = h("button", { type: "button", id: "page-newer" }, "← Newer");
@@ -434,7 +439,7 @@ class TaskPage {
 
   async open() {
     this.render(await api("GET", this.path));
-    if (!FINAL.has(this.task.status)) await this.follow();
+    if (!isTerminal(this.task.status)) await this.follow();
     await this.watchDeliveries();
   }
 
@@ -443,7 +448,7 @@ class TaskPage {
     if (this.signal.aborted) return;
     this.task = task;
     for (const sample of task.samples) {
-      if (sample.text !== null && FINAL_SAMPLE.has(sample.status)) this.samples.set(sample.index, sample);
+      if (sample.text !== null && names.finishedSamples.includes(sample.status)) this.samples.set(sample.index, sample);
     }
     this.cancel = h("button", { type: "button", class: "danger", id: "cancel" }, "Cancel task");
     this.cancel.addEventListener("click", () => this.cancelTask());
@@ -482,7 +487,7 @@ class TaskPage {
     const task = this.task;
     this.status.replaceChildren(badge(task.status));
     this.head.dataset.status = task.status;
-    this.cancel.hidden = FINAL.has(task.status);
+    this.cancel.hidden = isTerminal(task.status);
     this.showAnswer();
     this.showVotes();
     this.showTimings();
@@ -506,7 +511,7 @@ class TaskPage {
       if (shown.clarification) {
         parts.push(h("div", { class: "clarification", id: "clarification" }, h("strong", {}, "Clarification: "), shown.clarification));
       }
-    } else if (!FINAL.has(task.status)) {
+    } else if (!isTerminal(task.status)) {
       parts.push(h("p", { class: "muted" }, task.status === "pending" ? "Waiting for a worker…" : "The samples are being written…"));
     }
     if (task.error) parts.push(h("p", { class: "error", id: "task-error-detail" }, `${task.error.code}: ${task.error.message}`));
@@ -650,7 +655,7 @@ class TaskPage {
       }
       await sleep(Math.min(8000, 250 * 2 ** failures), this.signal);
       const task = await api("GET", this.path).catch(() => null);
-      if (task && FINAL.has(task.status)) {
+      if (task && isTerminal(task.status)) {
         this.render(task);
         return;
       }
@@ -677,7 +682,7 @@ class TaskPage {
     } else if (event.event === "status") {
       if (data.status === "running" && !this.task.samples.length) {
         this.render(await api("GET", this.path)); // the worker has planned the samples now
-      } else if (FINAL.has(data.status)) {
+      } else if (isTerminal(data.status)) {
         this.render(await api("GET", this.path)); // e.g. cancelled: the record tells the rest
       } else {
         this.task.status = data.status;
@@ -710,12 +715,14 @@ class TaskPage {
   }
 }
 
-const FINAL_SAMPLE = new Set(["done", "timeout", "error", "cancelled", "skipped"]);
-
 // --- start ---------------------------------------------------------------------------
 async function start() {
   const config = await fetch("/console/config.json", { cache: "no-store" }).then((r) => r.json());
   state.auth = Boolean(config.auth);
+  names.statuses = config.statuses;
+  names.terminal = config.terminal;
+  names.statusEvents = config.status_events;
+  names.finishedSamples = config.finished_samples;
   $("#key-dialog").addEventListener("cancel", (event) => event.preventDefault());
   $("#key-forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY_STORAGE);
