@@ -571,6 +571,26 @@ def events(
     raise typer.Exit(_exit_code(status))
 
 
+def _print_status(task: Task) -> None:
+    console.print(f"{task.id} {task.status.value}")
+
+
+def _print_answer(
+    url: str,
+    api_key: str | None,
+    as_json: bool,
+    call: Callable[[Client], Task],
+    show: Callable[[Task], None],
+) -> None:
+    """Print the task that ``call`` gets from the service: as JSON, or as ``show`` does."""
+    with _service(url, api_key) as client:
+        task = call(client)
+    if as_json:
+        _print_json(task.to_public())
+    else:
+        show(task)
+
+
 @app.command()
 def get(
     task_id: Annotated[str, typer.Argument(help="the task id")],
@@ -579,12 +599,7 @@ def get(
     api_key: KeyOption = None,
 ) -> None:
     """Show a task as it is now."""
-    with _service(url, api_key) as client:
-        task = client.get(task_id)
-    if as_json:
-        _print_json(task.to_public())
-    else:
-        _print_task(task)
+    _print_answer(url, api_key, as_json, lambda client: client.get(task_id), _print_task)
 
 
 @app.command()
@@ -595,12 +610,7 @@ def cancel(
     api_key: KeyOption = None,
 ) -> None:
     """Cancel a pending or running task (exit 1 if it already ended otherwise)."""
-    with _service(url, api_key) as client:
-        task = client.cancel(task_id)
-    if as_json:
-        _print_json(task.to_public())
-    else:
-        console.print(f"{task.id} {task.status.value}")
+    _print_answer(url, api_key, as_json, lambda client: client.cancel(task_id), _print_status)
 
 
 @app.command()
