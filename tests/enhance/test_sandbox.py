@@ -31,9 +31,7 @@ from ponder.enhance.sandbox import (
     TestReport,
     choose_isolation,
     extract_program_output,
-    run_python,
     run_python_async,
-    run_tests,
     run_tests_async,
 )
 from ponder.enhance.strategy import create_strategy
@@ -101,50 +99,50 @@ def _spawn_marked(marker: str, body: str = "while True: pass") -> str:
     )
 
 
-def test_prints_are_captured(isolation: Isolation) -> None:
-    result = run_python(
+async def test_prints_are_captured(isolation: Isolation) -> None:
+    result = await run_python_async(
         "import sys\nprint('hello')\nprint('oops', file=sys.stderr)", isolation=isolation
     )
     assert result == SandboxResult("hello\n", "oops\n", 0, False, isolation=isolation)
 
 
-def test_stdin_and_exit_code(isolation: Isolation) -> None:
-    result = run_python(
+async def test_stdin_and_exit_code(isolation: Isolation) -> None:
+    result = await run_python_async(
         "import sys\nprint(input()[::-1])\nsys.exit(3)", stdin="abc\n", isolation=isolation
     )
     assert result.stdout == "cba\n"
     assert result.exit_code == 3
 
 
-def test_an_exception_is_a_traceback_and_exit_code_1(isolation: Isolation) -> None:
-    result = run_python("1 / 0", isolation=isolation)
+async def test_an_exception_is_a_traceback_and_exit_code_1(isolation: Isolation) -> None:
+    result = await run_python_async("1 / 0", isolation=isolation)
     assert result.exit_code == 1
     assert "ZeroDivisionError" in result.stderr
     assert 'File "main.py", line 1' in result.stderr
 
 
-def test_a_10_s_busy_loop_is_killed_at_the_limit(isolation: Isolation) -> None:
+async def test_a_10_s_busy_loop_is_killed_at_the_limit(isolation: Isolation) -> None:
     code = (
         "import time\nend = time.monotonic() + 10\n"
         "while time.monotonic() < end:\n    pass\nprint('finished')"
     )
     started = time.monotonic()
-    result = run_python(code, timeout_s=1.0, isolation=isolation)
+    result = await run_python_async(code, timeout_s=1.0, isolation=isolation)
     elapsed = time.monotonic() - started
     assert result.timed_out and result.exit_code < 0
     assert "finished" not in result.stdout
     assert elapsed < 8, elapsed  # killed at the limit, long before the loop would end
 
 
-def test_timeout_kills_every_process_of_the_run(isolation: Isolation) -> None:
+async def test_timeout_kills_every_process_of_the_run(isolation: Isolation) -> None:
     marker = f"ponder-test-{uuid.uuid4().hex}"
-    result = run_python(_spawn_marked(marker), timeout_s=2.0, isolation=isolation)
+    result = await run_python_async(_spawn_marked(marker), timeout_s=2.0, isolation=isolation)
     assert result.timed_out and result.stdout == "started\n", result
     assert _alive_with(marker) == []
 
 
-def test_memory_limit_stops_a_big_allocation(isolation: Isolation) -> None:
-    result = run_python(
+async def test_memory_limit_stops_a_big_allocation(isolation: Isolation) -> None:
+    result = await run_python_async(
         "x = bytearray(1024 * 1024 * 1024)\nprint('allocated')",
         memory_mb=128,
         isolation=isolation,
@@ -154,14 +152,14 @@ def test_memory_limit_stops_a_big_allocation(isolation: Isolation) -> None:
     assert "allocated" not in result.stdout
 
 
-def test_a_memory_hog_is_contained(isolation: Isolation) -> None:
+async def test_a_memory_hog_is_contained(isolation: Isolation) -> None:
     code = "hog = []\nwhile True:\n    hog.append(bytearray(8 * 1024 * 1024))"
-    result = run_python(code, memory_mb=128, timeout_s=20, isolation=isolation)
+    result = await run_python_async(code, memory_mb=128, timeout_s=20, isolation=isolation)
     assert not result.timed_out and result.exit_code != 0
     assert "MemoryError" in result.stderr
 
 
-def test_network_is_blocked(isolation: Isolation) -> None:
+async def test_network_is_blocked(isolation: Isolation) -> None:
     code = (
         "import socket\n"
         "for attempt in (lambda: socket.socket(socket.AF_INET, socket.SOCK_STREAM),\n"
@@ -173,7 +171,7 @@ def test_network_is_blocked(isolation: Isolation) -> None:
         "    except PermissionError as e:\n"
         "        print('blocked:', e)\n"
     )
-    result = run_python(code, isolation=isolation)
+    result = await run_python_async(code, isolation=isolation)
     assert result.exit_code == 0, result.stderr
     assert result.stdout.count("blocked: network access is disabled") == 3
     assert "reached" not in result.stdout
@@ -190,22 +188,24 @@ CONNECT_TO_REDIS = (
 )
 
 
-def test_redis_on_the_host_cannot_be_reached(isolation: Isolation, redis_url: str) -> None:
+async def test_redis_on_the_host_cannot_be_reached(isolation: Isolation, redis_url: str) -> None:
     """The test Redis answers on 127.0.0.1:6379 (the fixture pings it); the program cannot."""
-    result = run_python(CONNECT_TO_REDIS, isolation=isolation)
+    result = await run_python_async(CONNECT_TO_REDIS, isolation=isolation)
     assert result.stdout == "failed: PermissionError\n", result
 
 
-def test_bwrap_redis_cannot_be_reached_around_the_socket_guard(
+async def test_bwrap_redis_cannot_be_reached_around_the_socket_guard(
     bwrap: Isolation, redis_url: str
 ) -> None:
     """Past the Python-level guard (a child interpreter has none, ctypes neither): the
     network namespace has no route to the host."""
     code = f"import subprocess, sys\nsubprocess.run([sys.executable, '-c', {CONNECT_TO_REDIS!r}])"
-    result = run_python(code, isolation="bwrap")
+    result = await run_python_async(code, isolation="bwrap")
     assert result.stdout == "failed: ConnectionRefusedError\n", result
     real = "import socket\ns = socket.socket.__mro__[1](socket.AF_INET)\ns.settimeout(2)\n"
-    result = run_python(real + "print(s.connect_ex(('127.0.0.1', 6379)))", isolation="bwrap")
+    result = await run_python_async(
+        real + "print(s.connect_ex(('127.0.0.1', 6379)))", isolation="bwrap"
+    )
     assert result.stdout.strip() == "111", result  # ECONNREFUSED: nothing listens there
 
 
@@ -216,7 +216,7 @@ def test_bwrap_host_files_cannot_be_read(bwrap: Isolation, tmp_path: Path) -> No
     assert Path("/etc/passwd").read_text()  # the host has them
     paths = ["/etc/passwd", "/etc/shadow", str(Path.home() / ".ssh"), str(key), "/home", "/tmp"]
     code = _try_each(paths, "os.listdir(path) if os.path.isdir(path) else open(path).read()")
-    result = run_python(code, isolation="bwrap")
+    result = asyncio.run(run_python_async(code, isolation="bwrap"))
     assert result.exit_code == 0, result.stderr
     # a directory the sandbox made itself to bind the interpreter below it (a checkout
     # under /tmp or /home) lists those mount points only, none of the host's files
@@ -241,7 +241,7 @@ def test_bwrap_writes_outside_the_work_dir_fail(bwrap: Isolation, tmp_path: Path
     code = _try_each(targets, "open(path, 'w').write('written')") + (
         "open('inside.txt', 'w').write('ok')\nprint(os.getcwd(), open('inside.txt').read())\n"
     )
-    result = run_python(code, isolation="bwrap")
+    result = asyncio.run(run_python_async(code, isolation="bwrap"))
     assert result.exit_code == 0, result.stderr
     *outside, inside = result.stdout.splitlines()
     assert len(outside) == len(targets)
@@ -251,7 +251,7 @@ def test_bwrap_writes_outside_the_work_dir_fail(bwrap: Isolation, tmp_path: Path
     assert not any(os.path.exists(t) for t in targets[3:])
 
 
-def test_bwrap_the_work_dir_is_a_bounded_tmpfs(bwrap: Isolation) -> None:
+async def test_bwrap_the_work_dir_is_a_bounded_tmpfs(bwrap: Isolation) -> None:
     code = (
         "import os\n"
         "written = 0\n"
@@ -264,24 +264,24 @@ def test_bwrap_the_work_dir_is_a_bounded_tmpfs(bwrap: Isolation) -> None:
         "    print(type(e).__name__, e.errno)\n"
         "print(written)\n"
     )
-    result = run_python(code, isolation="bwrap")
+    result = await run_python_async(code, isolation="bwrap")
     error, written = result.stdout.splitlines()
     assert error == "OSError 28"  # ENOSPC
     assert int(written) <= WORKDIR_BYTES
 
 
-def test_bwrap_runs_unprivileged(bwrap: Isolation) -> None:
+async def test_bwrap_runs_unprivileged(bwrap: Isolation) -> None:
     code = (
         "import os\n"
         "status = dict(line.split(':', 1) for line in open('/proc/self/status'))\n"
         "print(os.getuid(), os.getgid(), os.getgroups(), int(status['CapEff'], 16),\n"
         "      int(status['CapPrm'], 16), status['NoNewPrivs'].strip(), os.getpid() < 10)\n"
     )
-    result = run_python(code, isolation="bwrap")
+    result = await run_python_async(code, isolation="bwrap")
     assert result.stdout == "65534 65534 [] 0 0 1 True\n", result
 
 
-def test_bwrap_a_fork_bomb_is_contained(bwrap: Isolation) -> None:
+async def test_bwrap_a_fork_bomb_is_contained(bwrap: Isolation) -> None:
     count = (
         "import os, time\n"
         "children = 0\n"
@@ -296,20 +296,20 @@ def test_bwrap_a_fork_bomb_is_contained(bwrap: Isolation) -> None:
         "else:\n"
         "    print(children, 'no-limit')\n"
     )
-    result = run_python(count, timeout_s=5, isolation="bwrap")
+    result = await run_python_async(count, timeout_s=5, isolation="bwrap")
     children, error = result.stdout.split()
     assert error == "BlockingIOError" and int(children) < NPROC_LIMIT, result
     # contained, so a real one is safe to run: it ends at the timeout, leaving nothing
     marker = f"ponder-test-{uuid.uuid4().hex}"
     bomb = "import os\nwhile True:\n    try:\n        os.fork()\n    except OSError:\n        pass"
-    result = run_python(_spawn_marked(marker, bomb), timeout_s=2, isolation="bwrap")
+    result = await run_python_async(_spawn_marked(marker, bomb), timeout_s=2, isolation="bwrap")
     assert result.timed_out
     assert _alive_with(marker) == []
 
 
-def test_local_socketpairs_still_work_for_asyncio(isolation: Isolation) -> None:
+async def test_local_socketpairs_still_work_for_asyncio(isolation: Isolation) -> None:
     code = "import asyncio\nasync def main():\n    return 42\nprint(asyncio.run(main()))"
-    assert run_python(code, isolation=isolation).stdout == "42\n"
+    assert (await run_python_async(code, isolation=isolation)).stdout == "42\n"
 
 
 def test_rlimits_temp_dir_is_the_cwd_and_is_removed() -> None:
@@ -317,51 +317,55 @@ def test_rlimits_temp_dir_is_the_cwd_and_is_removed() -> None:
         "import os\nopen('scratch.txt', 'w').write('x')\n"
         "print(os.getcwd())\nprint(os.environ['HOME'])"
     )
-    result = run_python(code, isolation="rlimits")
+    result = asyncio.run(run_python_async(code, isolation="rlimits"))
     cwd, home = result.stdout.split()
     assert cwd == home
     assert Path(cwd).name.startswith("ponder-sandbox-")
     assert not os.path.exists(cwd)
 
 
-def test_bwrap_work_dir_is_the_cwd_and_home(bwrap: Isolation) -> None:
+async def test_bwrap_work_dir_is_the_cwd_and_home(bwrap: Isolation) -> None:
     code = "import os\nprint(os.getcwd(), os.environ['HOME'], os.environ['TMPDIR'], os.listdir())"
-    result = run_python(code, isolation="bwrap")
+    result = await run_python_async(code, isolation="bwrap")
     assert result.stdout == "/sandbox /sandbox /sandbox ['main.py']\n", result
 
 
-def test_environment_is_clean(isolation: Isolation, monkeypatch: pytest.MonkeyPatch) -> None:
+async def test_environment_is_clean(isolation: Isolation, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("PONDER_SECRET", "s3cret")
-    result = run_python("import os\nprint(sorted(os.environ))", isolation=isolation)
+    result = await run_python_async("import os\nprint(sorted(os.environ))", isolation=isolation)
     assert "HTTPS_PROXY" not in result.stdout
     assert "PONDER_SECRET" not in result.stdout
 
 
-def test_file_size_limit(isolation: Isolation) -> None:
-    result = run_python("open('big', 'wb').write(b'x' * (64 * 1024 * 1024))", isolation=isolation)
+async def test_file_size_limit(isolation: Isolation) -> None:
+    result = await run_python_async(
+        "open('big', 'wb').write(b'x' * (64 * 1024 * 1024))", isolation=isolation
+    )
     assert result.exit_code != 0
 
 
-def test_output_is_capped(isolation: Isolation) -> None:
-    result = run_python("print('x' * (10 * 1024 * 1024))", isolation=isolation)
+async def test_output_is_capped(isolation: Isolation) -> None:
+    result = await run_python_async("print('x' * (10 * 1024 * 1024))", isolation=isolation)
     assert result.exit_code == 0
     assert result.truncated
     assert len(result.stdout) == OUTPUT_LIMIT_BYTES
 
 
-def test_arguments_are_checked() -> None:
+async def test_arguments_are_checked() -> None:
     with pytest.raises(ValueError, match="timeout_s"):
-        run_python("pass", timeout_s=0)
+        await run_python_async("pass", timeout_s=0)
     with pytest.raises(ValueError, match="memory_mb"):
-        run_python("pass", memory_mb=1)
+        await run_python_async("pass", memory_mb=1)
     with pytest.raises(ValueError, match="isolation"):
-        run_python("pass", isolation="docker")
+        await run_python_async("pass", isolation="docker")
 
 
-def test_the_installed_packages_can_be_imported(isolation: Isolation) -> None:
+async def test_the_installed_packages_can_be_imported(isolation: Isolation) -> None:
     """Programs may use what the environment has (its site-packages, read-only)."""
-    result = run_python("import sympy\nprint(sympy.Integer(6) * 7)", isolation=isolation)
+    result = await run_python_async(
+        "import sympy\nprint(sympy.Integer(6) * 7)", isolation=isolation
+    )
     assert result.stdout == "42\n", result.stderr
 
 
@@ -376,22 +380,22 @@ def no_bwrap_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     sandbox._bwrap_problem.cache_clear()
 
 
-def test_without_bwrap_auto_is_rlimits_and_bwrap_is_an_error(
+async def test_without_bwrap_auto_is_rlimits_and_bwrap_is_an_error(
     no_bwrap_on_path: None, caplog: pytest.LogCaptureFixture
 ) -> None:
     with caplog.at_level(logging.WARNING, logger="ponder.sandbox"):
         assert choose_isolation("auto") == "rlimits"
     assert "bwrap (bubblewrap) is not on PATH" in caplog.text
-    assert run_python("print(1)").isolation == "rlimits"
+    assert (await run_python_async("print(1)")).isolation == "rlimits"
     with pytest.raises(SandboxUnavailable, match="PONDER_SANDBOX_ISOLATION"):
-        run_python("print(1)", isolation="bwrap")
+        await run_python_async("print(1)", isolation="bwrap")
     assert choose_isolation("rlimits") == "rlimits"
 
 
-def test_auto_is_bwrap_where_it_works(bwrap: Isolation) -> None:
+async def test_auto_is_bwrap_where_it_works(bwrap: Isolation) -> None:
     assert choose_isolation() == "bwrap"
-    assert run_python("print(1)").isolation == "bwrap"
-    assert run_tests("x = 1", "assert x == 1").isolation == "bwrap"
+    assert (await run_python_async("print(1)")).isolation == "bwrap"
+    assert (await run_tests_async("x = 1", "assert x == 1")).isolation == "bwrap"
 
 
 # --- run_tests
@@ -399,57 +403,61 @@ def test_auto_is_bwrap_where_it_works(bwrap: Isolation) -> None:
 CANDIDATE = "def add(a, b):\n    return a + b\n\nif __name__ == '__main__':\n    print(input())\n"
 
 
-def test_run_tests_counts_test_functions(isolation: Isolation) -> None:
+async def test_run_tests_counts_test_functions(isolation: Isolation) -> None:
     tests = (
         "def test_small():\n    assert add(1, 2) == 3\n"
         "def test_wrong():\n    assert add(1, 2) == 4, 'not four'\n"
         "async def test_async():\n    assert add(0, 0) == 0\n"
         "def helper():\n    raise RuntimeError\n"
     )
-    report = run_tests(CANDIDATE, tests, isolation=isolation)
+    report = await run_tests_async(CANDIDATE, tests, isolation=isolation)
     assert (report.passed, report.failed, report.timed_out) == (2, 1, False)
     assert report.errors == ["test_wrong: AssertionError: not four"]
     assert report.isolation == isolation
 
 
-def test_run_tests_top_level_asserts_are_one_test() -> None:
-    report = run_tests(CANDIDATE, "assert add(1, 2) == 3\nassert add(2, 2) == 4\n")
+async def test_run_tests_top_level_asserts_are_one_test() -> None:
+    report = await run_tests_async(CANDIDATE, "assert add(1, 2) == 3\nassert add(2, 2) == 4\n")
     assert (report.passed, report.failed, report.errors) == (1, 0, [])
-    failing = run_tests(CANDIDATE, "assert add(1, 2) == 3\nassert add(2, 2) == 5\n")
+    failing = await run_tests_async(CANDIDATE, "assert add(1, 2) == 3\nassert add(2, 2) == 5\n")
     assert (failing.passed, failing.failed) == (0, 1)
     assert failing.errors == ["tests.py: AssertionError"]
 
 
-def test_run_tests_a_broken_candidate_fails_every_test() -> None:
-    report = run_tests("def add(a, b) return", "def test_a():\n    pass\ndef test_b():\n    pass\n")
+async def test_run_tests_a_broken_candidate_fails_every_test() -> None:
+    report = await run_tests_async(
+        "def add(a, b) return", "def test_a():\n    pass\ndef test_b():\n    pass\n"
+    )
     assert (report.passed, report.failed) == (0, 2)
     assert "SyntaxError" in report.errors[0]
 
 
-def test_run_tests_timeout_counts_unreported_tests_as_failed(isolation: Isolation) -> None:
+async def test_run_tests_timeout_counts_unreported_tests_as_failed(isolation: Isolation) -> None:
     tests = (
         "def test_a():\n    pass\n"
         "def test_b():\n    while True:\n        pass\n"
         "def test_c():\n    pass\n"
     )
-    report = run_tests(CANDIDATE, tests, timeout_s=1.0, isolation=isolation)
+    report = await run_tests_async(CANDIDATE, tests, timeout_s=1.0, isolation=isolation)
     assert report.timed_out
     assert (report.passed, report.failed) == (1, 2)
 
 
-def test_run_tests_a_hard_exit_is_a_failure() -> None:
-    report = run_tests("import os", "def test_a():\n    pass\ndef test_b():\n    os._exit(0)\n")
+async def test_run_tests_a_hard_exit_is_a_failure() -> None:
+    report = await run_tests_async(
+        "import os", "def test_a():\n    pass\ndef test_b():\n    os._exit(0)\n"
+    )
     assert (report.passed, report.failed) == (1, 1)
     assert "without a report" in report.errors[0]
 
 
-def test_run_tests_prints_cannot_forge_the_report() -> None:
+async def test_run_tests_prints_cannot_forge_the_report() -> None:
     tests = "def test_a():\n    print('{\"ok\": true}')\n    assert False\n"
-    report = run_tests(CANDIDATE, tests)
+    report = await run_tests_async(CANDIDATE, tests)
     assert (report.passed, report.failed, report.errors) == (0, 1, ["test_a: AssertionError"])
 
 
-# --- async variants
+# --- concurrency and cancellation
 
 
 async def test_run_python_async(isolation: Isolation) -> None:
@@ -490,11 +498,11 @@ async def test_run_tests_async(isolation: Isolation) -> None:
     assert report == TestReport(passed=1, failed=0, isolation=isolation)
 
 
-def test_extract_program_output() -> None:
+async def test_extract_program_output() -> None:
     text = "Let me compute.\n```python\nprint(6 * 7)\n```\nand\n```bash\necho\n```"
     code = extract_program_output(text)
     assert code == "print(6 * 7)"
-    assert run_python(code).stdout == "42\n"
+    assert (await run_python_async(code)).stdout == "42\n"
     assert extract_program_output("```\nprint(1)\n```") == "print(1)"
     assert extract_program_output("no code") is None
 

@@ -72,12 +72,10 @@ import subprocess
 import sys
 import sysconfig
 import tempfile
-import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Literal
+from typing import Any, Literal
 
 from ponder.enhance.answers import extract_code_block
 from ponder.errors import PonderError
@@ -93,9 +91,7 @@ __all__ = [
     "TestReport",
     "choose_isolation",
     "extract_program_output",
-    "run_python",
     "run_python_async",
-    "run_tests",
     "run_tests_async",
 ]
 
@@ -120,6 +116,8 @@ _NOBODY = 65534
 _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
 #: how long to wait for the pipes to close after the process group is killed
 _DRAIN_S = 2.0
+#: the longest the check that bwrap works may take
+_PROBE_TIMEOUT_S = 10.0
 _MAX_ERRORS = 20
 _MAX_ERROR_CHARS = 500
 
@@ -410,16 +408,37 @@ def _launch(
         yield _Launch(argv, tmpdir, _clean_env(tmpdir), "rlimits")
 
 
+def _probe_bwrap() -> tuple[int, str]:
+    """Run ``pass`` under bwrap, blocking (once per process): its exit code and stderr."""
+    with _launch("run", {"main.py": "pass"}, "bwrap", timeout_s=10, memory_mb=256) as probe:
+        proc = subprocess.Popen(
+            probe.argv,
+            cwd=probe.cwd,
+            env=probe.env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            close_fds=True,
+            pass_fds=probe.pass_fds,
+        )
+        try:
+            _, stderr = proc.communicate(timeout=_PROBE_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            _kill_group(proc.pid)
+            _, stderr = proc.communicate()
+    return proc.returncode, stderr[:OUTPUT_LIMIT_BYTES].decode("utf-8", errors="replace")
+
+
 @functools.cache
 def _bwrap_problem() -> str | None:
     """None when bwrap runs a program here, else why not (tried once per process)."""
     if shutil.which("bwrap") is None:
         problem: str | None = "bwrap (bubblewrap) is not on PATH"
     else:
-        with _launch("run", {"main.py": "pass"}, "bwrap", timeout_s=10, memory_mb=256) as probe:
-            result = _run_blocking(probe, b"", 10.0)
-        reason = (result.stderr.strip().splitlines() or [f"exit code {result.exit_code}"])[-1]
-        problem = None if result.exit_code == 0 else f"bwrap cannot run a program here: {reason}"
+        exit_code, stderr = _probe_bwrap()
+        reason = (stderr.strip().splitlines() or [f"exit code {exit_code}"])[-1]
+        problem = None if exit_code == 0 else f"bwrap cannot run a program here: {reason}"
     if problem is not None:
         log.warning("sandbox: %s", problem)
     return problem
@@ -482,65 +501,7 @@ def _result(
 
 
 # ---------------------------------------------------------------------------------------
-# Blocking runner
-# ---------------------------------------------------------------------------------------
-
-
-def _pump_out(stream: IO[bytes], buf: _CappedBuffer) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        fd = stream.fileno()
-        while chunk := os.read(fd, 65536):
-            buf.add(chunk)
-
-
-def _pump_in(stream: IO[bytes], data: bytes) -> None:
-    with contextlib.suppress(OSError, ValueError):
-        if data:
-            stream.write(data)
-        stream.close()
-
-
-def _run_blocking(launch: _Launch, stdin: bytes, timeout_s: float) -> SandboxResult:
-    out, err = _CappedBuffer(), _CappedBuffer()
-    proc = subprocess.Popen(
-        launch.argv,
-        cwd=launch.cwd,
-        env=launch.env,
-        stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-        pass_fds=launch.pass_fds,
-    )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    threads = [
-        threading.Thread(target=_pump_in, args=(proc.stdin, stdin), daemon=True),
-        threading.Thread(target=_pump_out, args=(proc.stdout, out), daemon=True),
-        threading.Thread(target=_pump_out, args=(proc.stderr, err), daemon=True),
-    ]
-    for t in threads:
-        t.start()
-    timed_out = False
-    try:
-        proc.wait(timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        timed_out = True
-    finally:
-        # also after a normal exit: children left in the group must not outlive the run
-        _kill_group(proc.pid)
-        proc.wait()
-        deadline = time.monotonic() + _DRAIN_S
-        for t in threads:
-            t.join(max(0.0, deadline - time.monotonic()))
-        for stream in (proc.stdin, proc.stdout, proc.stderr):
-            with contextlib.suppress(OSError):
-                stream.close()
-    return _result(out, err, proc.returncode, timed_out, launch.isolation)
-
-
-# ---------------------------------------------------------------------------------------
-# Asyncio runner
+# The runner (asyncio: the loop is never blocked)
 # ---------------------------------------------------------------------------------------
 
 
@@ -608,27 +569,6 @@ async def _reap(proc: asyncio.subprocess.Process, io_tasks: list[asyncio.Task[No
 # ---------------------------------------------------------------------------------------
 
 
-def run_python(
-    code: str,
-    *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 256,
-    stdin: str = "",
-    isolation: IsolationMode = "auto",
-) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in the sandbox (see the module docstring); blocking.
-
-    The wall-clock ``timeout_s`` kills the whole process group; CPU time is limited to
-    about the same. ``memory_mb`` bounds the address space (a big allocation raises
-    ``MemoryError`` in the child). ``isolation``: see :func:`choose_isolation`. Do not
-    call from an event loop: use :func:`run_python_async`.
-    """
-    _check(timeout_s, memory_mb, isolation)
-    chosen = choose_isolation(isolation)
-    with _launch("run", {"main.py": code}, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
-        return _run_blocking(run, stdin.encode("utf-8"), timeout_s)
-
-
 async def run_python_async(
     code: str,
     *,
@@ -637,9 +577,13 @@ async def run_python_async(
     stdin: str = "",
     isolation: IsolationMode = "auto",
 ) -> SandboxResult:
-    """:func:`run_python` on ``asyncio.create_subprocess_exec``: the loop is never blocked.
+    """Run ``code`` as ``__main__`` in the sandbox (see the module docstring).
 
-    Cancelling the awaiting task kills the process group and re-raises.
+    The wall-clock ``timeout_s`` kills the whole process group; CPU time is limited to
+    about the same. ``memory_mb`` bounds the address space (a big allocation raises
+    ``MemoryError`` in the child). ``isolation``: see :func:`choose_isolation`. The event
+    loop is never blocked; cancelling the awaiting task kills the process group and
+    re-raises.
     """
     _check(timeout_s, memory_mb, isolation)
     chosen = await asyncio.to_thread(choose_isolation, isolation)
@@ -695,7 +639,7 @@ def _test_files(candidate: str, tests: str) -> dict[str, str]:
     return {"candidate.py": candidate, "tests.py": tests}
 
 
-def run_tests(
+async def run_tests_async(
     candidate: str,
     tests: str,
     *,
@@ -710,26 +654,8 @@ def run_tests(
     functions). Both files run with ``__name__ == "__ponder_test__"``, so a candidate's
     ``if __name__ == "__main__":`` block does not run. If the candidate or the tests
     module raises, every planned test fails. Output printed by the code is discarded.
-    Blocking; see :func:`run_tests_async`.
+    The event loop is never blocked.
     """
-    _check(timeout_s, memory_mb, isolation)
-    chosen = choose_isolation(isolation)
-    nonce = secrets.token_hex(16)
-    files = _test_files(candidate, tests)
-    with _launch("tests", files, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
-        result = _run_blocking(run, (nonce + "\n").encode(), timeout_s)
-    return _test_report(result, nonce, timeout_s)
-
-
-async def run_tests_async(
-    candidate: str,
-    tests: str,
-    *,
-    timeout_s: float = 10.0,
-    memory_mb: int = 256,
-    isolation: IsolationMode = "auto",
-) -> TestReport:
-    """:func:`run_tests` without blocking the event loop."""
     _check(timeout_s, memory_mb, isolation)
     chosen = await asyncio.to_thread(choose_isolation, isolation)
     nonce = secrets.token_hex(16)
