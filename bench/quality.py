@@ -111,8 +111,8 @@ def live_path(model: str) -> Path:
 # --- live check -------------------------------------------------------------------------
 async def live(args: argparse.Namespace) -> int:
     """The live worker runtime on a subset, with the collection's task ids."""
-    from ponder.api.schemas import TaskCreate
-    from ponder.api.tasks import build_task
+    from ponder.admission import build_task
+    from ponder.schemas import TaskCreate
 
     records = read_records(args.checkpoint)[: args.live_limit]
     out = live_path(args.model)
