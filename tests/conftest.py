@@ -223,6 +223,14 @@ async def wait_for_task(
 TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}
 
 
+def free_port() -> int:
+    """A loopback port free now (for a server started as a subprocess)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
 async def until(check: Any, timeout_s: float, what: str, interval_s: float = 0.05) -> Any:
     """Poll ``check()`` (sync or async) until it returns something truthy; fail after
     ``timeout_s`` naming ``what``. Only for state that no event announces: other

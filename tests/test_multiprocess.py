@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import sys
 from collections import Counter
 from collections.abc import AsyncIterator
@@ -12,16 +11,9 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.conftest import wait_for_task
+from tests.conftest import free_port, wait_for_task
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 async def spawn(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:

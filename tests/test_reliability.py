@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import sys
 import time
 from collections import Counter
@@ -28,18 +27,18 @@ import redis.asyncio as aioredis
 from ponder.config import NUM_PRIORITIES, Settings
 from ponder.store.base import Claim, Event
 from ponder.store.redis import RedisStore
-from tests.conftest import TERMINAL_NAMES, LiveServer, make_settings, until, wait_for_task
+from tests.conftest import (
+    TERMINAL_NAMES,
+    LiveServer,
+    free_port,
+    make_settings,
+    until,
+    wait_for_task,
+)
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(90)]
 
 ALL = list(range(NUM_PRIORITIES))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RedisServer:

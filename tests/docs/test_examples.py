@@ -11,12 +11,11 @@ blocks that ran, so it cannot pass by running none.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
-import socket
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -26,6 +25,7 @@ import httpx
 import pytest
 
 from ponder.webhooks import generate_secret
+from tests.conftest import free_port, until
 from tests.docs.markdown import ROOT, Block, blocks, example_pages
 
 pytestmark = pytest.mark.timeout(300)
@@ -50,19 +50,12 @@ class Ran:
     out: str
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``ponder serve`` on a free loopback port, the scripted engine writing a word every
     10 ms (so that running samples send ``delta`` events, as a model does)."""
     workdir = tmp_path_factory.mktemp("service")
-    port = _free_port()
+    port = free_port()
     env = {
         **os.environ,
         **_SHARED,
@@ -81,16 +74,15 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     )
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:  # the process is watched from outside: no event announces it is up
+        # the process is watched from outside: no event announces it is up
+        def ready() -> bool:
             assert proc.poll() is None, (workdir / "serve.log").read_text()
             try:
-                if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                    break
+                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
             except httpx.TransportError:
-                pass
-            assert time.monotonic() < deadline, "ponder serve did not become ready in 60 s"
-            time.sleep(0.2)
+                return False
+
+        asyncio.run(until(ready, 60, "ponder serve to be ready", interval_s=0.2))
         yield url
     finally:
         proc.terminate()
