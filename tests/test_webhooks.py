@@ -20,6 +20,7 @@ from ponder.config import Settings
 from ponder.errors import StoreUnavailable
 from ponder.ids import IdGenerator
 from ponder.store import OutboxEntry, TaskStore, create_store
+from ponder.store.base import Admission
 from ponder.types import CallbackInfo, Delivery, Result, Task, TaskStatus, utcnow
 from ponder.webhooks import (
     WebhookSender,
@@ -292,7 +293,7 @@ async def finished_task(
     """A task with a callback that has reached ``status`` (through running): its writes
     put its webhooks in the outbox, as a worker's would."""
     task = Task(id=_ids.new_id(), prompt="x", samples_planned=1, callback=CallbackInfo(url=url))
-    task, _ = await store.create_task(task, max_pending=100)
+    task, _ = await store.create_task(task, Admission(max_pending=100))
     task.status = TaskStatus.running
     events: list[tuple[str, dict[str, Any]]] = [("status", {"status": "running"})]
     if preliminary:
@@ -526,7 +527,7 @@ async def test_a_terminal_webhook_waits_for_the_preliminary_in_flight(
     async with Receiver(["slow", 200]) as receiver:
         task = Task(id=_ids.new_id(), prompt="x", samples_planned=1,
                     callback=CallbackInfo(url=receiver.url))  # fmt: skip
-        task, _ = await store_for.create_task(task, max_pending=100)
+        task, _ = await store_for.create_task(task, Admission(max_pending=100))
         task.status = TaskStatus.running
         assert await store_for.update_task(
             task, [("status", {"status": "running"}), ("preliminary", {"answer": "41"})]

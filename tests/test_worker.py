@@ -19,7 +19,7 @@ from ponder.ids import IdGenerator
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
 from ponder.store import create_store
-from ponder.store.base import TaskStore
+from ponder.store.base import Admission, TaskStore
 from ponder.types import SampleStatus, Task, TaskStatus
 from ponder.worker import SampleRunner, Worker
 
@@ -56,7 +56,9 @@ class Harness:
     async def submit(self, prompt: str, **fields: Any) -> Task:
         req = TaskCreate(prompt=prompt, **fields)
         task = build_task(req, self.settings, task_id=self.ids.new_id(), owner="")
-        stored, _ = await self.store.create_task(task, max_pending=self.settings.max_pending)
+        stored, _ = await self.store.create_task(
+            task, Admission(max_pending=self.settings.max_pending)
+        )
         return stored
 
     async def wait(self, task_id: str, timeout_s: float = 10.0) -> Task:

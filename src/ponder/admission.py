@@ -19,7 +19,7 @@ from ponder.errors import AdmissionError, IdempotencyConflict, QueueFull
 from ponder.ids import IdGenerator, parse_task_id
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
-from ponder.store.base import TaskStore
+from ponder.store.base import Admission, TaskStore
 from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
 from ponder.webhooks import check_callback_url
 
@@ -132,13 +132,13 @@ async def submit(
     if batch:
         task.priority = settings.batch_priority
     try:
-        stored, created = await sink.store.create_task(
-            task,
+        admission = Admission(
             max_pending=settings.batch_max_in_flight if batch else settings.max_pending,
             idempotency_key=idempotency_key,
             body_hash=req.body_hash() if idempotency_key else None,
             batch=batch,
         )
+        stored, created = await sink.store.create_task(task, admission)
     except QueueFull as e:
         metrics.TASKS_REJECTED.labels(code="queue_full").inc()
         raise AdmissionError(

@@ -53,7 +53,7 @@ from ponder.aio import cancel_and_wait
 from ponder.errors import RecoverableError
 from ponder.outbox import EVENTS, PRELIMINARY, OutboxEntry, terminal_event, webhook_id
 from ponder.states import is_terminal
-from ponder.store.base import Notice
+from ponder.store.base import HostRoom, Notice
 from ponder.types import CallbackInfo, Delivery, Task, utcnow
 
 if TYPE_CHECKING:
@@ -284,11 +284,7 @@ class WebhookSender:
             if room > 0:
                 try:
                     entries, next_due_s = await self.store.claim_deliveries(
-                        self.consumer,
-                        room,
-                        self.lease_s,
-                        host_room=self._host_room(),
-                        per_host=self._per_host,
+                        self.consumer, room, self.lease_s, self._host_room()
                     )
                 except RecoverableError as e:
                     log.warning("webhook outbox: %s; retrying in %.2fs", e, delay_s)
@@ -325,9 +321,9 @@ class WebhookSender:
             if added:
                 self._wake.set()
 
-    def _host_room(self) -> dict[str, int]:
+    def _host_room(self) -> HostRoom:
         busy = Counter(host for host, _ in self._sending.values())
-        return {host: self._per_host - n for host, n in busy.items()}
+        return HostRoom(self._per_host, {host: self._per_host - n for host, n in busy.items()})
 
     def _spawn(self, entry: OutboxEntry) -> None:
         if entry.webhook_id in self._sending:

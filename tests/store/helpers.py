@@ -6,6 +6,7 @@ import asyncio
 
 from ponder.ids import IdGenerator
 from ponder.store import TaskStore
+from ponder.store.base import Admission
 from ponder.types import Task, TaskStatus
 
 __all__ = ["ALL", "add", "advance", "ids", "let_time_pass", "live", "make_task"]
@@ -20,7 +21,7 @@ def make_task(priority: int = 3, owner: str = "") -> Task:
 
 
 async def add(store: TaskStore, priority: int = 3, owner: str = "") -> Task:
-    task, created = await store.create_task(make_task(priority, owner), max_pending=1000)
+    task, created = await store.create_task(make_task(priority, owner), Admission(max_pending=1000))
     assert created
     return task
 

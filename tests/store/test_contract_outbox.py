@@ -3,10 +3,9 @@ fixture)."""
 
 from __future__ import annotations
 
-from typing import Any
-
 from ponder.config import Settings
 from ponder.store import Notice, OutboxEntry, TaskStore
+from ponder.store.base import Admission, HostRoom
 from ponder.types import CallbackInfo, Task, TaskStatus
 
 from .helpers import add, advance, ids, let_time_pass
@@ -19,16 +18,14 @@ def with_callback(url: str = HOOK) -> Task:
     return Task(id=ids.new_id(), prompt="x", callback=CallbackInfo(url=url))
 
 
-async def claim_all(store: TaskStore, consumer: str = "d", **kw: Any) -> list[OutboxEntry]:
-    entries, _ = await store.claim_deliveries(
-        consumer, kw.pop("limit", 100), kw.pop("lease_s", 30), host_room={}, per_host=100, **kw
-    )
+async def claim_all(store: TaskStore, consumer: str = "d") -> list[OutboxEntry]:
+    entries, _ = await store.claim_deliveries(consumer, 100, 30, HostRoom(100))
     return entries
 
 
 async def test_the_terminal_write_adds_the_webhook_once_ever(store: TaskStore) -> None:
     cursor, _ = await store.read_notices(Notice.outbox, None, 0)
-    task, _ = await store.create_task(with_callback(), max_pending=10)
+    task, _ = await store.create_task(with_callback(), Admission(max_pending=10))
     plain = await add(store)
     await advance(store, task, TaskStatus.running)
     await advance(store, plain, TaskStatus.running)
@@ -55,7 +52,7 @@ async def test_the_terminal_write_adds_the_webhook_once_ever(store: TaskStore) -
 
 
 async def test_a_cancel_adds_its_webhook(store: TaskStore) -> None:
-    task, _ = await store.create_task(with_callback(), max_pending=10)
+    task, _ = await store.create_task(with_callback(), Admission(max_pending=10))
     await advance(store, task, TaskStatus.cancelled)
     (entry,) = await claim_all(store)
     assert entry.event == "task.cancelled"
@@ -67,7 +64,7 @@ async def test_deliveries_are_leased_rescheduled_and_finished(store: TaskStore) 
     )
     await store.enqueue_deliveries([OutboxEntry(webhook_id="msg_0", event="e", url=HOOK, body={})])
     assert await store.outbox_depth() == 3  # an id already queued is left as it was
-    first, wait_s = await store.claim_deliveries("a", 2, 0.3, host_room={}, per_host=10)
+    first, wait_s = await store.claim_deliveries("a", 2, 0.3, HostRoom(10))
     assert [e.webhook_id for e in first] == ["msg_0", "msg_1"] and first[0].body == {"i": 0}
     assert wait_s is not None and wait_s <= 0  # msg_2 is due still
     assert [e.webhook_id for e in await claim_all(store, "b")] == ["msg_2"]
@@ -82,11 +79,11 @@ async def test_deliveries_are_leased_rescheduled_and_finished(store: TaskStore) 
     assert again.webhook_id == "msg_1" and again.attempts == 0
     assert not await store.retry_delivery("a", first[1], 0)  # taken over: a's word is void
     await store.finish_delivery("msg_1")
-    entries, wait_s = await store.claim_deliveries("c", 10, 30, host_room={}, per_host=10)
+    entries, wait_s = await store.claim_deliveries("c", 10, 30, HostRoom(10))
     assert entries == [] and wait_s is not None and 50 < wait_s <= 60  # msg_0's retry
     assert await store.outbox_depth() == 1
     await store.finish_delivery("msg_0")
-    assert await store.claim_deliveries("c", 10, 30, host_room={}, per_host=10) == ([], None)
+    assert await store.claim_deliveries("c", 10, 30, HostRoom(10)) == ([], None)
 
 
 async def test_a_busy_host_lets_others_by(store: TaskStore) -> None:
@@ -94,7 +91,7 @@ async def test_a_busy_host_lets_others_by(store: TaskStore) -> None:
     entries = [OutboxEntry(webhook_id=f"b{i}", event="e", url=busy, body={}) for i in range(4)]
     entries.append(OutboxEntry(webhook_id="o", event="e", url=other, body={}))
     await store.enqueue_deliveries(entries)
-    taken, _ = await store.claim_deliveries("a", 10, 30, host_room={"10.0.0.1:80": 1}, per_host=2)
+    taken, _ = await store.claim_deliveries("a", 10, 30, HostRoom(2, {"10.0.0.1:80": 1}))
     assert sorted(e.webhook_id for e in taken) == ["b0", "o"]
     assert await claim_all(store) == []  # the busy host's others wait a moment
     await let_time_pass(1.1)

@@ -9,6 +9,7 @@ import pytest
 
 from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.store import TaskStore
+from ponder.store.base import Admission
 from ponder.types import Task, TaskStatus
 
 from .helpers import ALL, add, advance, ids, make_task
@@ -21,7 +22,7 @@ def new_task(owner: str = "") -> Task:
 # --- records ----------------------------------------------------------------------------
 async def test_create_then_get_roundtrips(store: TaskStore) -> None:
     task = Task(id=ids.new_id(), priority=1, prompt="2+2?", owner="k1", metadata={"a": [1]})
-    stored, created = await store.create_task(task, max_pending=10)
+    stored, created = await store.create_task(task, Admission(max_pending=10))
     assert created and stored is task
     got = await store.get_task(task.id)
     assert got is not None
@@ -32,11 +33,11 @@ async def test_create_then_get_roundtrips(store: TaskStore) -> None:
 
 async def test_idempotency_key_with_same_body_returns_the_stored_task(store: TaskStore) -> None:
     first, created = await store.create_task(
-        make_task(), max_pending=10, idempotency_key="k", body_hash="h1"
+        make_task(), Admission(max_pending=10, idempotency_key="k", body_hash="h1")
     )
     assert created
     again, created = await store.create_task(
-        make_task(), max_pending=10, idempotency_key="k", body_hash="h1"
+        make_task(), Admission(max_pending=10, idempotency_key="k", body_hash="h1")
     )
     assert not created
     assert again.id == first.id
@@ -44,18 +45,22 @@ async def test_idempotency_key_with_same_body_returns_the_stored_task(store: Tas
 
 
 async def test_idempotency_key_with_other_body_conflicts(store: TaskStore) -> None:
-    await store.create_task(make_task(), max_pending=10, idempotency_key="k", body_hash="h1")
+    await store.create_task(
+        make_task(), Admission(max_pending=10, idempotency_key="k", body_hash="h1")
+    )
     with pytest.raises(IdempotencyConflict):
-        await store.create_task(make_task(), max_pending=10, idempotency_key="k", body_hash="h2")
+        await store.create_task(
+            make_task(), Admission(max_pending=10, idempotency_key="k", body_hash="h2")
+        )
     assert await store.pending_count() == 1
 
 
 async def test_idempotency_keys_are_per_owner(store: TaskStore) -> None:
     a, _ = await store.create_task(
-        make_task(owner="a"), max_pending=10, idempotency_key="k", body_hash="h"
+        make_task(owner="a"), Admission(max_pending=10, idempotency_key="k", body_hash="h")
     )
     b, created = await store.create_task(
-        make_task(owner="b"), max_pending=10, idempotency_key="k", body_hash="other"
+        make_task(owner="b"), Admission(max_pending=10, idempotency_key="k", body_hash="other")
     )
     assert created and b.id != a.id
 
@@ -63,7 +68,7 @@ async def test_idempotency_keys_are_per_owner(store: TaskStore) -> None:
 async def test_admission_is_atomic_under_concurrent_creates(store: TaskStore) -> None:
     tasks = [make_task() for _ in range(50)]
     outcomes = await asyncio.gather(
-        *(store.create_task(t, max_pending=10) for t in tasks), return_exceptions=True
+        *(store.create_task(t, Admission(max_pending=10)) for t in tasks), return_exceptions=True
     )
     accepted = [o for o in outcomes if isinstance(o, tuple)]
     rejected = [t for t, o in zip(tasks, outcomes, strict=True) if isinstance(o, QueueFull)]
@@ -78,9 +83,9 @@ async def test_admission_is_atomic_under_concurrent_creates(store: TaskStore) ->
 
 
 async def test_queue_full_error_names_the_limit(store: TaskStore) -> None:
-    await store.create_task(make_task(), max_pending=1)
+    await store.create_task(make_task(), Admission(max_pending=1))
     with pytest.raises(QueueFull) as info:
-        await store.create_task(make_task(), max_pending=1)
+        await store.create_task(make_task(), Admission(max_pending=1))
     assert info.value.limit == 1
 
 
@@ -114,12 +119,12 @@ async def test_update_of_an_unknown_task_writes_nothing(store: TaskStore) -> Non
 
 
 async def test_leaving_pending_frees_a_backlog_slot(store: TaskStore) -> None:
-    first, _ = await store.create_task(make_task(priority=2), max_pending=1)
+    first, _ = await store.create_task(make_task(priority=2), Admission(max_pending=1))
     with pytest.raises(QueueFull):
-        await store.create_task(make_task(), max_pending=1)
+        await store.create_task(make_task(), Admission(max_pending=1))
     await advance(store, first, TaskStatus.running)
     assert await store.pending_count() == 0
-    await store.create_task(make_task(), max_pending=1)
+    await store.create_task(make_task(), Admission(max_pending=1))
     await advance(store, first, TaskStatus.done)  # running -> done changes no count
     assert await store.pending_count() == 1
 
@@ -188,33 +193,33 @@ async def test_list_refuses_a_foreign_cursor_and_an_empty_page(store: TaskStore)
 # --- batch lines ------------------------------------------------------------------------
 async def test_batch_lines_have_a_backlog_of_their_own(store: TaskStore) -> None:
     for _ in range(3):
-        await store.create_task(new_task(), max_pending=3, batch=True)
+        await store.create_task(new_task(), Admission(max_pending=3, batch=True))
     with pytest.raises(QueueFull):
-        await store.create_task(new_task(), max_pending=3, batch=True)
+        await store.create_task(new_task(), Admission(max_pending=3, batch=True))
     # the batch lines do not count toward the backlog other tasks are admitted against
-    await store.create_task(new_task(), max_pending=1)
+    await store.create_task(new_task(), Admission(max_pending=1))
     with pytest.raises(QueueFull):
-        await store.create_task(new_task(), max_pending=1)
+        await store.create_task(new_task(), Admission(max_pending=1))
     assert await store.pending_count() == 4
     assert await store.batch_pending_count() == 3
 
 
 async def test_a_started_batch_line_frees_its_slot(store: TaskStore) -> None:
-    line, _ = await store.create_task(new_task(), max_pending=1, batch=True)
-    other, _ = await store.create_task(new_task(), max_pending=1)
+    line, _ = await store.create_task(new_task(), Admission(max_pending=1, batch=True))
+    other, _ = await store.create_task(new_task(), Admission(max_pending=1))
     line.status = TaskStatus.running
     assert await store.update_task(line)
     other.status = TaskStatus.cancelled
     assert await store.update_task(other)
     assert await store.batch_pending_count() == 0
     assert await store.pending_count() == 0
-    await store.create_task(new_task(), max_pending=1, batch=True)
-    await store.create_task(new_task(), max_pending=1)
+    await store.create_task(new_task(), Admission(max_pending=1, batch=True))
+    await store.create_task(new_task(), Admission(max_pending=1))
 
 
 async def test_get_tasks_reads_several_in_order(store: TaskStore) -> None:
-    a, _ = await store.create_task(new_task(), max_pending=10)
-    b, _ = await store.create_task(new_task(), max_pending=10)
+    a, _ = await store.create_task(new_task(), Admission(max_pending=10))
+    b, _ = await store.create_task(new_task(), Admission(max_pending=10))
     got = await store.get_tasks([b.id, ids.new_id(), a.id])
     assert [t.id if t else None for t in got] == [b.id, None, a.id]
     assert await store.get_tasks([]) == []

@@ -25,8 +25,10 @@ from ponder.store.contract import (
     WorkQueue,
 )
 from ponder.store.records import (
+    Admission,
     Claim,
     Event,
+    HostRoom,
     Notice,
     StoredObject,
     check_new_task,
@@ -34,9 +36,11 @@ from ponder.store.records import (
 )
 
 __all__ = [
+    "Admission",
     "Claim",
     "Event",
     "EventLog",
+    "HostRoom",
     "Lifecycle",
     "Liveness",
     "Notice",

@@ -1,21 +1,26 @@
-"""What the store hands out and takes in, beside tasks: claims, events, notices, objects."""
+"""What the store hands out and takes in, beside tasks: claims, events, notices, objects,
+and the terms of a task's admission and of a claim of webhook deliveries."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
 from ponder.config import NUM_PRIORITIES
+from ponder.ids import parse_task_id
 from ponder.types import Task, TaskStatus
 
 __all__ = [
+    "Admission",
     "Claim",
     "Event",
+    "HostRoom",
     "Notice",
     "StoredObject",
     "check_new_task",
+    "check_page",
     "check_priorities",
 ]
 
@@ -31,6 +36,35 @@ def check_new_task(task: Task) -> None:
     if task.status is not TaskStatus.pending:
         raise ValueError("a new task must be pending")
     check_priorities([task.priority])
+
+
+def check_page(limit: int, cursor: str | None) -> None:
+    """ValueError unless ``limit`` is at least 1 and ``cursor`` (if any) is a task id."""
+    if limit < 1:
+        raise ValueError("limit must be at least 1")
+    if cursor is not None and parse_task_id(cursor) is None:
+        raise ValueError(f"invalid cursor {cursor!r}")
+
+
+@dataclass(frozen=True)
+class Admission:
+    """How a new task is admitted (:meth:`TaskStore.create_task`): against ``max_pending``
+    pending tasks of its lane (``batch``: the batch lines'), once per ``idempotency_key``
+    of its owner, the request's ``body_hash`` telling a repeat from a conflict."""
+
+    max_pending: int
+    idempotency_key: str | None = None
+    body_hash: str | None = None
+    batch: bool = False
+
+
+@dataclass(frozen=True)
+class HostRoom:
+    """How many more delivery attempts each host may get (:meth:`TaskStore.claim_deliveries`):
+    ``busy`` for the hosts the caller is sending to, ``per_host`` for any other."""
+
+    per_host: int
+    busy: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ponder.outbox import OutboxEntry
+from ponder.store.records import HostRoom
 
 __all__ = ["Outbox"]
 
@@ -28,21 +29,15 @@ class Outbox(ABC):
 
     @abstractmethod
     async def claim_deliveries(
-        self,
-        consumer: str,
-        limit: int,
-        lease_s: float,
-        *,
-        host_room: Mapping[str, int],
-        per_host: int,
+        self, consumer: str, limit: int, lease_s: float, room: HostRoom
     ) -> tuple[list[OutboxEntry], float | None]:
         """Take up to ``limit`` due entries, oldest due first, for ``lease_s`` seconds (then
         they are due again, for another loop, unless finished or rescheduled).
 
-        ``host_room`` is how many more attempts each busy host may get (the caller's own
-        attempts in flight), ``per_host`` the room of any other host; a due entry of a host
-        without room waits a second, letting other hosts by. Returns the entries and the
-        seconds until the next entry is due (None: the outbox is empty).
+        ``room.busy`` is how many more attempts each busy host may get (the caller's own
+        attempts in flight), ``room.per_host`` the room of any other host; a due entry of
+        a host without room waits a second, letting other hosts by. Returns the entries
+        and the seconds until the next entry is due (None: the outbox is empty).
         """
 
     @abstractmethod

@@ -10,7 +10,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Any
 
-from ponder.store.records import Claim, Event, Notice
+from ponder.store.records import Admission, Claim, Event, Notice
 from ponder.types import Task, TaskStatus
 
 __all__ = ["EventLog", "TaskQueue", "TaskRecords", "WorkQueue"]
@@ -31,25 +31,19 @@ class TaskRecords(ABC):
 
     # --- api side ---------------------------------------------------------------------
     @abstractmethod
-    async def create_task(
-        self,
-        task: Task,
-        *,
-        max_pending: int,
-        idempotency_key: str | None = None,
-        body_hash: str | None = None,
-        batch: bool = False,
-    ) -> tuple[Task, bool]:
+    async def create_task(self, task: Task, admission: Admission) -> tuple[Task, bool]:
         """Store and enqueue ``task``; return ``(task, True)``.
 
-        With an ``idempotency_key`` already used by the same owner: the stored task and
-        ``False`` when ``body_hash`` matches, else :class:`IdempotencyConflict`.
-        Raises :class:`QueueFull` (storing nothing) when ``max_pending`` tasks are pending.
+        With an ``admission.idempotency_key`` already used by the same owner: the stored
+        task and ``False`` when ``admission.body_hash`` matches, else
+        :class:`IdempotencyConflict`. Raises :class:`QueueFull` (storing nothing) when
+        ``admission.max_pending`` tasks are pending.
 
-        ``batch``: the task is a line of a batch (the Batch API). Batch lines have a
-        backlog of their own: a batch line is admitted while fewer than ``max_pending``
-        batch lines are pending, and pending batch lines never count toward the backlog
-        that other tasks are admitted against, so they cannot make those see QueueFull.
+        ``admission.batch``: the task is a line of a batch (the Batch API). Batch lines
+        have a backlog of their own: a batch line is admitted while fewer than
+        ``max_pending`` batch lines are pending, and pending batch lines never count
+        toward the backlog that other tasks are admitted against, so they cannot make
+        those see QueueFull.
         """
 
     @abstractmethod
@@ -64,7 +58,11 @@ class TaskRecords(ABC):
     async def list_tasks(
         self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]:
-        """The owner's tasks, newest first, and the cursor of the next page (or None)."""
+        """The owner's tasks, newest first, and the cursor of the next page (or None): the
+        id of the page's last task.
+
+        Raises ValueError for a ``limit`` below 1 or a cursor this store did not hand out.
+        """
 
     @abstractmethod
     async def pending_count(self) -> int:
@@ -72,7 +70,7 @@ class TaskRecords(ABC):
 
     @abstractmethod
     async def batch_pending_count(self) -> int:
-        """How many pending tasks are batch lines (``create_task(batch=True)``)."""
+        """How many pending tasks are batch lines (``Admission(batch=True)``)."""
 
     @abstractmethod
     async def queue_depths(self) -> dict[int, int]:

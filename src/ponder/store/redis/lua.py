@@ -34,13 +34,24 @@ local function now_ms()
   local t = redis.call('TIME')
   return t[1] * 1000 + math.floor(t[2] / 1000)
 end
--- a delivery id is added once (its ':once' key outlives the row, for the ttl)
-local function add_delivery(outbox, key, id, data, host, ttl, due)
-  if not redis.call('SET', key .. ':once', 1, 'NX', 'EX', ttl) then return 0 end
-  redis.call('HSET', key, 'data', data, 'host', host, 'owner', '')
-  redis.call('EXPIRE', key, ttl)
-  redis.call('ZADD', outbox, due, id)
-  return 1
+-- adds the deliveries args[first..last], 3 each (webhook id, data, host), due now, a
+-- delivery id once (its ':once' key outlives the row, for the ttl); posts one notice to
+-- `notices` when any was added; returns how many were
+local function add_deliveries(outbox, notices, prefix, ttl, args, first, last)
+  local added, now = 0, now_ms()
+  for i = first, last, 3 do
+    local key = prefix .. args[i]
+    if redis.call('SET', key .. ':once', 1, 'NX', 'EX', ttl) then
+      redis.call('HSET', key, 'data', args[i + 1], 'host', args[i + 2], 'owner', '')
+      redis.call('EXPIRE', key, ttl)
+      redis.call('ZADD', outbox, now, args[i])
+      added = added + 1
+    end
+  end
+  if added > 0 then
+    redis.call('XADD', notices, 'MAXLEN', '~', 1000, '*', 'v', added)
+  end
+  return added
 end
 """
 
@@ -98,14 +109,7 @@ if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
   if cur[4] == 'batch' then redis.call('HINCRBY', KEYS[2], 'batch', -1) end
 end
 local n = tonumber(ARGV[9])
-local added, now = 0, now_ms()
-for i = 10, 9 + 3 * n, 3 do
-  added = added + add_delivery(KEYS[4], ARGV[8] .. ARGV[i], ARGV[i], ARGV[i + 1], ARGV[i + 2],
-                               ARGV[6], now)
-end
-if added > 0 then
-  redis.call('XADD', KEYS[6], 'MAXLEN', '~', 1000, '*', 'v', added)
-end
+add_deliveries(KEYS[4], KEYS[6], ARGV[8], ARGV[6], ARGV, 10, 9 + 3 * n)
 if ARGV[4] == 'cancelled' and cur[2] ~= 'cancelled' then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*', 'v', ARGV[7])
 end
@@ -276,15 +280,7 @@ return 0
 ENQUEUE = (
     OUTBOX_HELPERS
     + """
-local added, now = 0, now_ms()
-for i = 3, #ARGV, 3 do
-  added = added + add_delivery(KEYS[1], ARGV[1] .. ARGV[i], ARGV[i], ARGV[i + 1], ARGV[i + 2],
-                               ARGV[2], now)
-end
-if added > 0 then
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', 1000, '*', 'v', added)
-end
-return added
+return add_deliveries(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV, 3, #ARGV)
 """
 )
 

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 from ponder.outbox import OutboxEntry
 from ponder.store.contract import Outbox
-from ponder.store.records import Notice
+from ponder.store.records import HostRoom, Notice
 from ponder.store.redis.base import RedisBase, unavailable
 
 __all__ = ["RedisOutbox"]
@@ -31,13 +31,7 @@ class RedisOutbox(RedisBase, Outbox):
             await self._enqueue(keys=keys, args=args)
 
     async def claim_deliveries(
-        self,
-        consumer: str,
-        limit: int,
-        lease_s: float,
-        *,
-        host_room: Mapping[str, int],
-        per_host: int,
+        self, consumer: str, limit: int, lease_s: float, room: HostRoom
     ) -> tuple[list[OutboxEntry], float | None]:
         if limit < 1:
             return [], None
@@ -45,13 +39,13 @@ class RedisOutbox(RedisBase, Outbox):
             consumer,
             limit,
             round(lease_s * 1000),
-            per_host,
+            room.per_host,
             self._delivery_key(""),
             limit + _DELIVERY_SCAN,
             _BUSY_HOST_DEFER_MS,
         ]
-        for host, room in host_room.items():
-            args += [host, room]
+        for host, left in room.busy.items():
+            args += [host, left]
         with unavailable():
             datas, wait_ms = await self._claim_deliveries(keys=[self._outbox_key], args=args)
         entries = [OutboxEntry.from_storage(d) for d in datas]

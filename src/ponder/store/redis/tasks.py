@@ -8,11 +8,10 @@ from typing import Any
 
 from ponder.config import NUM_PRIORITIES
 from ponder.errors import IdempotencyConflict, QueueFull
-from ponder.ids import parse_task_id
 from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
-from ponder.store.records import Notice, check_new_task
+from ponder.store.records import Admission, Notice, check_new_task, check_page
 from ponder.store.redis.base import RedisBase, index_member, member_id, unavailable
 from ponder.types import Task, TaskStatus
 
@@ -23,15 +22,7 @@ class RedisTaskRecords(RedisBase, TaskRecords):
     """:class:`TaskRecords` on Redis: a hash per task, an owner index, pending counts."""
 
     # --- api side ---------------------------------------------------------------------
-    async def create_task(
-        self,
-        task: Task,
-        *,
-        max_pending: int,
-        idempotency_key: str | None = None,
-        body_hash: str | None = None,
-        batch: bool = False,
-    ) -> tuple[Task, bool]:
+    async def create_task(self, task: Task, admission: Admission) -> tuple[Task, bool]:
         check_new_task(task)
         keys = [
             self._task_key(task.id),
@@ -40,8 +31,8 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             self._index_key(task.owner),
             self._events_key(task.id),
         ]
-        if idempotency_key is not None:
-            keys.append(f"{self._prefix}:idem:{task.owner}:{idempotency_key}")
+        if admission.idempotency_key is not None:
+            keys.append(f"{self._prefix}:idem:{task.owner}:{admission.idempotency_key}")
         args: list[str | int] = [
             task.id,
             task.to_storage(),
@@ -49,18 +40,18 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             task.rev,
             task.owner,
             task.priority,
-            max_pending,
+            admission.max_pending,
             index_member(task.id),
             json.dumps({"status": task.status.value}),
-            body_hash or "",
+            admission.body_hash or "",
             self._ttl,
             self._task_key(""),
-            "1" if batch else "0",
+            "1" if admission.batch else "0",
         ]
         with unavailable():
             outcome = await self._create(keys=keys, args=args)
         if outcome[0] == "full":
-            raise QueueFull(max_pending)
+            raise QueueFull(admission.max_pending)
         if outcome[0] == "conflict":
             raise IdempotencyConflict("the Idempotency-Key was used with another request body")
         if outcome[0] == "existing":
@@ -85,15 +76,8 @@ class RedisTaskRecords(RedisBase, TaskRecords):
     async def list_tasks(
         self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]:
-        """Newest first; the cursor is the id of the page's last task.
-
-        Raises ValueError for a cursor this store did not hand out.
-        """
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
+        check_page(limit, cursor)
         index = self._index_key(owner)
-        if cursor is not None and parse_task_id(cursor) is None:
-            raise ValueError(f"invalid cursor {cursor!r}")
         top = "+" if cursor is None else f"({index_member(cursor)}"
         # limit + 1 matches tell whether another page follows; a status filter reads
         # statuses in larger batches since many entries may not match

@@ -130,6 +130,13 @@ class SqliteBase(Lifecycle):
                 raise
             await db.execute("COMMIT")
 
+    async def _changed_one(self, sql: str, params: Sequence[Any]) -> bool:
+        """Run one statement alone; whether it changed a row (the writes that change one
+        row or none: a compare-and-set, a conditional delete)."""
+        async with self._conn() as db:
+            cur = await db.execute(sql, params)
+        return cur.rowcount == 1
+
     async def _purge(self, db: aiosqlite.Connection, now: float) -> None:
         await purge_expired(db, now)
         self._purged_at = now

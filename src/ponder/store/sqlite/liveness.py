@@ -34,14 +34,12 @@ class SqliteLiveness(SqliteBase, Liveness):
     # --- named leases -----------------------------------------------------------------
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         now = time.time()
-        async with self._conn() as db:
-            cur = await db.execute(
-                "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
-                " holder = excluded.holder, expires_at = excluded.expires_at"
-                " WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
-                (name, holder, now + ttl_s, now),
-            )
-        return cur.rowcount == 1
+        return await self._changed_one(
+            "INSERT INTO leases VALUES (?, ?, ?) ON CONFLICT (name) DO UPDATE SET"
+            " holder = excluded.holder, expires_at = excluded.expires_at"
+            " WHERE leases.holder = excluded.holder OR leases.expires_at <= ?",
+            (name, holder, now + ttl_s, now),
+        )
 
     async def release_lease(self, name: str, holder: str) -> None:
         async with self._conn() as db:

@@ -60,32 +60,29 @@ class SqliteObjects(SqliteBase, ObjectStore):
 
     async def update_object(self, obj: StoredObject, *, ttl_s: float | None = None) -> bool:
         now = time.time()
-        async with self._conn() as db:
-            cur = await db.execute(
-                "UPDATE objects SET data = ?, rev = rev + 1, active = ?,"
-                " expires_at = COALESCE(?, expires_at)"
-                " WHERE kind = ? AND id = ? AND rev = ? AND expires_at > ?",
-                (
-                    json.dumps(obj.data),
-                    int(obj.active),
-                    None if ttl_s is None else now + ttl_s,
-                    obj.kind,
-                    obj.id,
-                    obj.rev,
-                    now,
-                ),
-            )
-        if cur.rowcount == 1:
+        written = await self._changed_one(
+            "UPDATE objects SET data = ?, rev = rev + 1, active = ?,"
+            " expires_at = COALESCE(?, expires_at)"
+            " WHERE kind = ? AND id = ? AND rev = ? AND expires_at > ?",
+            (
+                json.dumps(obj.data),
+                int(obj.active),
+                None if ttl_s is None else now + ttl_s,
+                obj.kind,
+                obj.id,
+                obj.rev,
+                now,
+            ),
+        )
+        if written:
             obj.rev += 1
-        return cur.rowcount == 1
+        return written
 
     async def delete_object(self, kind: str, obj_id: str) -> bool:
-        async with self._conn() as db:
-            cur = await db.execute(
-                "DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at > ?",
-                (kind, obj_id, time.time()),
-            )
-        return cur.rowcount == 1
+        return await self._changed_one(
+            "DELETE FROM objects WHERE kind = ? AND id = ? AND expires_at > ?",
+            (kind, obj_id, time.time()),
+        )
 
     async def list_objects(
         self, kind: str, owner: str, *, after: str | None, limit: int

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 
 import aiosqlite
 
 from ponder.outbox import OutboxEntry
 from ponder.store.contract import Outbox
-from ponder.store.records import Notice
+from ponder.store.records import HostRoom, Notice
 from ponder.store.sqlite.base import SqliteBase, first
 
 __all__ = ["SqliteOutbox", "add_deliveries"]
@@ -53,18 +53,12 @@ class SqliteOutbox(SqliteBase, Outbox):
             self._notices[Notice.outbox].post(str(added))
 
     async def claim_deliveries(
-        self,
-        consumer: str,
-        limit: int,
-        lease_s: float,
-        *,
-        host_room: Mapping[str, int],
-        per_host: int,
+        self, consumer: str, limit: int, lease_s: float, room: HostRoom
     ) -> tuple[list[OutboxEntry], float | None]:
         if limit < 1:
             return [], None
         now = time.time()
-        room = dict(host_room)
+        busy = dict(room.busy)
         taken: list[OutboxEntry] = []
         async with self._tx() as db:
             due = await db.execute_fetchall(
@@ -73,9 +67,9 @@ class SqliteOutbox(SqliteBase, Outbox):
                 (now, now, limit + _DELIVERY_SCAN),
             )
             for webhook_id, host, data in due:
-                left = room.get(host, per_host)
+                left = busy.get(host, room.per_host)
                 if left > 0 and len(taken) < limit:
-                    room[host] = left - 1
+                    busy[host] = left - 1
                     taken.append(OutboxEntry.from_storage(data))
                     await db.execute(
                         "UPDATE outbox SET due_at = ?, owner = ? WHERE id = ?",
@@ -90,12 +84,10 @@ class SqliteOutbox(SqliteBase, Outbox):
         return taken, None if row[0] is None else row[0] - now
 
     async def retry_delivery(self, consumer: str, entry: OutboxEntry, delay_s: float) -> bool:
-        async with self._conn() as db:
-            cur = await db.execute(
-                "UPDATE outbox SET data = ?, owner = NULL, due_at = ? WHERE id = ? AND owner = ?",
-                (entry.to_storage(), time.time() + delay_s, entry.webhook_id, consumer),
-            )
-        return cur.rowcount == 1
+        return await self._changed_one(
+            "UPDATE outbox SET data = ?, owner = NULL, due_at = ? WHERE id = ? AND owner = ?",
+            (entry.to_storage(), time.time() + delay_s, entry.webhook_id, consumer),
+        )
 
     async def finish_delivery(self, webhook_id: str) -> None:
         async with self._conn() as db:

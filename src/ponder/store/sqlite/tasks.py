@@ -11,11 +11,11 @@ import aiosqlite
 
 from ponder.config import NUM_PRIORITIES
 from ponder.errors import IdempotencyConflict, QueueFull
-from ponder.ids import parse_task_id, sort_key
+from ponder.ids import sort_key
 from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
-from ponder.store.records import Notice, check_new_task
+from ponder.store.records import Admission, Notice, check_new_task, check_page
 from ponder.store.sqlite.base import PURGE_INTERVAL_S, SqliteBase, first
 from ponder.store.sqlite.outbox import add_deliveries
 from ponder.store.sqlite.schema import LIVE
@@ -37,42 +37,35 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
     """:class:`TaskRecords` in SQLite: pending figures are counted from the tasks table."""
 
     # --- api side ---------------------------------------------------------------------
-    async def create_task(
-        self,
-        task: Task,
-        *,
-        max_pending: int,
-        idempotency_key: str | None = None,
-        body_hash: str | None = None,
-        batch: bool = False,
-    ) -> tuple[Task, bool]:
+    async def create_task(self, task: Task, admission: Admission) -> tuple[Task, bool]:
         check_new_task(task)
         now = time.time()
+        key, body_hash = admission.idempotency_key, admission.body_hash or ""
         async with self._tx() as db:
-            if idempotency_key is not None:
+            if key is not None:
                 # a key whose task has expired is free again
                 row = await first(
                     db,
                     "SELECT i.body_hash, t.data FROM idempotency i JOIN tasks t ON t.id = i.task_id"
                     " WHERE i.owner = ? AND i.key = ? AND i.expires_at > ?"
                     " AND (t.expires_at IS NULL OR t.expires_at > ?)",
-                    (task.owner, idempotency_key, now, now),
+                    (task.owner, key, now, now),
                 )
                 if row is not None:
-                    if row[0] != (body_hash or ""):
+                    if row[0] != body_hash:
                         raise IdempotencyConflict(
                             "the Idempotency-Key was used with another request body"
                         )
                     return Task.from_storage(row[1]), False
-            if await _backlog(db, batch=batch) >= max_pending:
-                raise QueueFull(max_pending)
+            if await _backlog(db, batch=admission.batch) >= admission.max_pending:
+                raise QueueFull(admission.max_pending)
             await db.execute(
                 "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data)"
                 " VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (task.id, task.owner, task.status.value, task.priority, sort_key(task.id),
                  task.rev, task.to_storage()),
             )  # fmt: skip
-            if batch:
+            if admission.batch:
                 await db.execute("UPDATE tasks SET lane = 'batch' WHERE id = ?", (task.id,))
             await db.execute(
                 "INSERT INTO queue (task_id, priority) VALUES (?, ?)", (task.id, task.priority)
@@ -81,10 +74,10 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
                 "INSERT INTO events (task_id, event, data) VALUES (?, 'status', ?)",
                 (task.id, json.dumps({"status": task.status.value})),
             )
-            if idempotency_key is not None:
+            if key is not None:
                 await db.execute(
                     "INSERT OR REPLACE INTO idempotency VALUES (?, ?, ?, ?, ?)",
-                    (task.owner, idempotency_key, body_hash or "", task.id, now + self._ttl),
+                    (task.owner, key, body_hash, task.id, now + self._ttl),
                 )
             if now - self._purged_at > PURGE_INTERVAL_S:
                 await self._purge(db, now)
@@ -114,20 +107,13 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
     async def list_tasks(
         self, owner: str, *, status: TaskStatus | None, limit: int, cursor: str | None
     ) -> tuple[list[Task], str | None]:
-        """Newest first; the cursor is the id of the page's last task.
-
-        Raises ValueError for a cursor this store did not hand out.
-        """
-        if limit < 1:
-            raise ValueError("limit must be at least 1")
+        check_page(limit, cursor)
         sql = f"SELECT data FROM tasks WHERE owner = ? AND {LIVE}"
         params: list[Any] = [owner, time.time()]
         if status is not None:
             sql += " AND status = ?"
             params.append(status.value)
         if cursor is not None:
-            if parse_task_id(cursor) is None:
-                raise ValueError(f"invalid cursor {cursor!r}")
             sql += " AND sort_key < ?"
             params.append(sort_key(cursor))
         sql += " ORDER BY sort_key DESC LIMIT ?"
