@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from ponder.config import CROSS_FIELD_CHECKS, Mode, load_settings
+from ponder.config import CROSS_FIELD_CHECKS, load_settings
 from ponder.errors import ConfigError
+from ponder.types import Mode
 
 
 def test_defaults_match_the_mode_table() -> None:

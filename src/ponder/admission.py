@@ -20,7 +20,7 @@ from ponder.ids import IdGenerator, parse_task_id
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
 from ponder.store.base import Admission, TaskStore
-from ponder.types import CallbackInfo, SampleStatus, Task, TaskStatus, utcnow
+from ponder.types import CallbackInfo, EventName, SampleStatus, Task, TaskStatus, utcnow
 from ponder.webhooks import check_callback_url
 
 __all__ = ["TaskSink", "build_task", "cancel_task", "check_callback", "load_task", "submit"]
@@ -180,7 +180,9 @@ async def cancel_task(store: TaskStore, task_id: str, owner: str) -> Task:
         for sample in task.samples:
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.cancelled
-        if await store.update_task(task, [("status", {"status": "cancelled"})]):
+        if await store.update_task(
+            task, [(EventName.status, {"status": TaskStatus.cancelled.value})]
+        ):
             metrics.TASKS_FINISHED.labels(status="cancelled").inc()
             return task
     raise AdmissionError(503, "unavailable", "the task kept changing while cancelling; retry")

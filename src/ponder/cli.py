@@ -22,9 +22,9 @@ from rich.progress_bar import ProgressBar
 from rich.table import Column, Table
 from rich.text import Text
 
-from ponder.config import Mode, Settings, load_settings
+from ponder.config import Settings, load_settings
 from ponder.errors import ConfigError
-from ponder.types import Result, Sample, SampleStatus, Task, TaskStatus
+from ponder.types import EventName, Mode, Result, Sample, SampleStatus, Task, TaskStatus, TaskType
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -456,12 +456,12 @@ def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task
 @app.command()
 def submit(
     prompt: Annotated[str, typer.Argument(help="the prompt")],
-    mode: Annotated[Mode, typer.Option(help="fast, standard or deep")] = Mode.standard,
+    mode: Annotated[Mode, typer.Option(help=", ".join(Mode))] = Mode.standard,
     priority: Annotated[int, typer.Option(min=0, max=5, help="0 is the most urgent")] = 3,
     samples: Annotated[int | None, typer.Option(min=1, help="samples to run")] = None,
     task_type: Annotated[
-        str, typer.Option(help="auto, math, code, choice or text: how answers compare")
-    ] = "auto",
+        str, typer.Option(help=f"{', '.join(TaskType)}: how answers compare")
+    ] = TaskType.auto,
     max_new_tokens: Annotated[
         int | None,
         typer.Option(show_default=False, help="tokens per sample at most; default: the mode's"),
@@ -536,7 +536,7 @@ def _event_line(event: TaskEvent) -> str:
         detail = f"#{delta.index} @{delta.offset} {delta.text!r}"
     elif (result := event.result) is not None:
         detail = f"answer={result.answer} confidence={result.confidence:.2f}"
-    elif event.event == "result":
+    elif event.event == EventName.result:
         answer = (data.get("result") or {}).get("answer")
         detail = f"{data.get('status')} answer={answer}" if answer is not None else data["status"]
     else:

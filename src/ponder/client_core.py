@@ -29,8 +29,8 @@ from pydantic import ValidationError
 from ponder import __version__
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
-from ponder.states import is_final
-from ponder.types import Result, Sample, Task, TaskStatus
+from ponder.states import STATUS_EVENTS, is_final
+from ponder.types import EventName, Mode, Result, Sample, Task, TaskStatus, TaskType
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: the API error codes that are retried (and reconnected, on an event stream)
@@ -185,29 +185,29 @@ class TaskEvent:
     @property
     def status(self) -> TaskStatus | None:
         """The task status a ``status`` or ``result`` event carries."""
-        if self.event in ("status", "result") and "status" in self.data:
+        if self.event in STATUS_EVENTS and "status" in self.data:
             return TaskStatus(self.data["status"])
         return None
 
     @property
     def task(self) -> Task | None:
         """The whole task, carried by the ``result`` event."""
-        return Task.model_validate(self.data) if self.event == "result" else None
+        return Task.model_validate(self.data) if self.event == EventName.result else None
 
     @property
     def sample(self) -> Sample | None:
         """The finished sample of a ``sample`` event."""
-        return Sample.model_validate(self.data) if self.event == "sample" else None
+        return Sample.model_validate(self.data) if self.event == EventName.sample else None
 
     @property
     def result(self) -> Result | None:
         """The early answer of a ``preliminary`` event."""
-        return Result.model_validate(self.data) if self.event == "preliminary" else None
+        return Result.model_validate(self.data) if self.event == EventName.preliminary else None
 
     @property
     def delta(self) -> TextDelta | None:
         """The new text of a running sample, carried by a ``delta`` event."""
-        if self.event != "delta":
+        if self.event != EventName.delta:
             return None
         return TextDelta(int(self.data["index"]), int(self.data["offset"]), str(self.data["text"]))
 
@@ -248,8 +248,8 @@ def submit_request(
     prompt: str | None = None,
     *,
     messages: list[dict[str, Any]] | None = None,
-    mode: str = "standard",
-    task_type: str = "auto",
+    mode: Mode | str = Mode.standard,
+    task_type: TaskType | str = TaskType.auto,
     priority: int = 3,
     callback_url: str | None = None,
     samples: int | None = None,

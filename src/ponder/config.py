@@ -12,7 +12,6 @@ import os
 import re
 import socket
 from collections.abc import Callable, Iterator
-from enum import StrEnum
 from functools import lru_cache
 from typing import Annotated, Any, Literal
 
@@ -28,11 +27,11 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from ponder.errors import ConfigError
+from ponder.types import Mode
 
 __all__ = [
     "CROSS_FIELD_CHECKS",
     "SERVED_MODELS",
-    "Mode",
     "ModeConfig",
     "Settings",
     "get_settings",
@@ -40,12 +39,6 @@ __all__ = [
 ]
 
 NUM_PRIORITIES = 6
-
-
-class Mode(StrEnum):
-    fast = "fast"
-    standard = "standard"
-    deep = "deep"
 
 
 #: the model names the OpenAI-compatible routes serve (``GET /v1/models``): ``ponder``

@@ -36,13 +36,11 @@ from typing import Any
 
 from ponder.errors import RecoverableError
 from ponder.store.base import TaskStore
+from ponder.types import EventName
 
-__all__ = ["DELTA", "DeltaPublisher"]
+__all__ = ["DeltaPublisher"]
 
 log = logging.getLogger("ponder.worker")
-
-#: the event name
-DELTA = "delta"
 
 
 class DeltaPublisher:
@@ -114,7 +112,9 @@ class DeltaPublisher:
                 continue
             text = "".join(pieces)
             pieces.clear()
-            events.append((DELTA, {"index": index, "offset": self._offsets[index], "text": text}))
+            events.append(
+                (EventName.delta, {"index": index, "offset": self._offsets[index], "text": text})
+            )
             self._offsets[index] += len(text)
         if not events:
             return

@@ -25,7 +25,7 @@ from urllib.parse import urlsplit
 
 from pydantic import BaseModel, Field, model_validator
 
-from ponder.types import Task, TaskStatus
+from ponder.types import EventName, Task, TaskStatus
 
 __all__ = [
     "EVENTS",
@@ -106,7 +106,7 @@ def task_deliveries(task: Task, events: Sequence[tuple[str, dict[str, Any]]]) ->
         return []
     url = task.callback.url
     events_sent = [terminal_event(task.status)] if task.status in _TERMINAL_EVENTS else []
-    if any(name == "preliminary" for name, _ in events):
+    if any(name == EventName.preliminary for name, _ in events):
         events_sent.append(PRELIMINARY)
     return [
         OutboxEntry(webhook_id=webhook_id(task.id, event), event=event, url=url, task_id=task.id)

@@ -22,9 +22,20 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from ponder.types import TaskType
+from ponder.types import Mode, TaskType
 
-__all__ = ["ChatMessage", "StrictBody", "TaskCreate", "describe_errors"]
+__all__ = [
+    "ChatMessage",
+    "ModeField",
+    "StrictBody",
+    "TaskCreate",
+    "TaskTypeField",
+    "describe_errors",
+]
+
+# an enum is given by its value ("math"), which strict mode would refuse
+ModeField = Annotated[Mode, Field(strict=False)]
+TaskTypeField = Annotated[TaskType, Field(strict=False)]
 
 _UNKNOWN_FIELD = "unknown_field"
 #: names from OpenAI's API that difflib would not match to ponder's own
@@ -99,9 +110,8 @@ class TaskCreate(StrictBody):
 
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    mode: Literal["fast", "standard", "deep"] = "standard"
-    # an enum is given by its value ("math"), which strict mode would refuse
-    task_type: Annotated[TaskType, Field(strict=False)] = TaskType.auto
+    mode: ModeField = Mode.standard
+    task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     callback_url: HttpUrl | None = None
     samples: int | None = Field(default=None, ge=1)

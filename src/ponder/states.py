@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from typing import Any, Protocol
 
 from ponder.errors import InvalidTransition
-from ponder.types import TaskStatus
+from ponder.types import EventName, TaskStatus
 
 __all__ = [
     "STATUS_EVENTS",
@@ -46,7 +46,7 @@ def is_terminal(status: TaskStatus | str) -> bool:
 
 
 #: the kinds of event (of a task's event stream) that carry the task's status
-STATUS_EVENTS: tuple[str, ...] = ("status", "result")
+STATUS_EVENTS: tuple[EventName, ...] = (EventName.status, EventName.result)
 _TERMINAL_VALUES = frozenset(s.value for s in TERMINAL)
 
 

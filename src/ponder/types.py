@@ -15,6 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = [
     "CallbackInfo",
     "Delivery",
+    "EventName",
+    "Mode",
     "Result",
     "Sample",
     "SampleStatus",
@@ -49,6 +51,29 @@ class SampleStatus(StrEnum):
     error = "error"
     cancelled = "cancelled"
     skipped = "skipped"
+
+
+class Mode(StrEnum):
+    """How hard a task thinks: its samples, paths and limits (``Settings.modes``)."""
+
+    fast = "fast"
+    standard = "standard"
+    deep = "deep"
+
+
+class EventName(StrEnum):
+    """The kinds of event in a task's event log (SSE ``event:``, WebSocket ``event``)."""
+
+    #: the task's status changed (``{"status": …}``)
+    status = "status"
+    #: a sample ended (the Sample)
+    sample = "sample"
+    #: the vote so far, while samples still run (a Result)
+    preliminary = "preliminary"
+    #: text a running sample generated (``{"index", "offset", "text"}``: ponder.deltas)
+    delta = "delta"
+    #: the task ended (the whole task, with its result)
+    result = "result"
 
 
 class TaskType(StrEnum):
@@ -133,7 +158,7 @@ class Task(BaseModel):
 
     id: str
     status: TaskStatus = TaskStatus.pending
-    mode: Literal["fast", "standard", "deep"] = "standard"
+    mode: Mode = Mode.standard
     task_type: TaskType = TaskType.auto
     priority: int = 3
     created_at: datetime = Field(default_factory=utcnow)

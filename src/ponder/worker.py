@@ -35,6 +35,7 @@ from ponder.scheduling import WeightedFairPicker
 from ponder.states import check_transition, is_terminal
 from ponder.store.base import Claim, Notice, TaskStore
 from ponder.types import (
+    EventName,
     Sample,
     SampleStatus,
     Task,
@@ -450,7 +451,7 @@ class TaskRun:
             if sample.status != SampleStatus.done:
                 sample.status = SampleStatus.queued
         task.attempts += 1
-        await self._save([("status", {"status": task.status.value})])
+        await self._save([(EventName.status, {"status": task.status.value})])
 
     def _deadline(self) -> float:
         started = self.task.started_at or utcnow()
@@ -532,10 +533,10 @@ class TaskRun:
     @staticmethod
     def _collect(jobs: dict[asyncio.Task[None], Sample]) -> list[tuple[str, dict[str, Any]]]:
         """Take the finished sample jobs out of ``jobs``; their ``sample`` events."""
-        events = []
+        events: list[tuple[str, dict[str, Any]]] = []
         for job in [j for j in jobs if j.done()]:
             job.result()
-            events.append(("sample", jobs.pop(job).model_dump(mode="json")))
+            events.append((EventName.sample, jobs.pop(job).model_dump(mode="json")))
         return events
 
     async def _off_loop(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
@@ -554,7 +555,7 @@ class TaskRun:
         if result is None:
             return []
         self.task.preliminary = result
-        return [("preliminary", result.model_dump(mode="json"))]
+        return [(EventName.preliminary, result.model_dump(mode="json"))]
 
     async def _run_sample(self, sample: Sample) -> None:
         task = self.task
@@ -689,5 +690,5 @@ class TaskRun:
         check_transition(task.status, status)
         task.status = status
         task.finished_at = utcnow()
-        await self._save([("result", task.to_public())])
+        await self._save([(EventName.result, task.to_public())])
         metrics.TASKS_FINISHED.labels(status=status.value).inc()

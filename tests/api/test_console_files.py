@@ -12,7 +12,7 @@ from ponder.api.console import FILES, NAMES
 from ponder.api.deps import key_digest
 from ponder.config import Settings
 from ponder.states import is_terminal
-from ponder.types import TaskStatus
+from ponder.types import EventName, Mode, TaskStatus, TaskType
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.timeout(30)
@@ -65,5 +65,11 @@ def test_config_gives_the_console_the_services_names() -> None:
     assert all(is_terminal(s) == (s in NAMES["terminal"]) for s in NAMES["statuses"])
     assert NAMES["status_events"] == ["status", "result"]
     assert NAMES["finished_samples"] == ["done", "timeout", "error", "cancelled", "skipped"]
+    assert NAMES["events"] == {e.value: e.value for e in EventName}
+    assert NAMES["modes"] == [m.value for m in Mode] and NAMES["default_mode"] == "standard"
+    assert NAMES["task_types"] == [t.value for t in TaskType]
+    assert NAMES["default_task_type"] == "auto"
     script = (resources.files("ponder") / "console" / "app.js").read_text(encoding="utf-8")
-    assert '"partial_done"' not in script and '"skipped"' not in script
+    # no copy of a status, a mode, a task type or an event kind as a string literal
+    copies = [f'"{name}"' for name in ("partial_done", "skipped", "deep", "math", "preliminary")]
+    assert not [c for c in copies if c in script], copies

@@ -12,6 +12,7 @@ import pytest
 from openai import AsyncOpenAI, OpenAI
 
 from ponder.config import Settings
+from ponder.types import Mode
 from tests.api.test_events import read_stream
 from tests.conftest import LiveServer
 
@@ -179,7 +180,8 @@ async def test_a_failed_task_is_not_retried_by_the_sdk(
 
 async def test_models(sdk: AsyncOpenAI) -> None:
     models = [m.id async for m in sdk.models.list()]
-    assert models == ["ponder", "ponder-fast", "ponder-standard", "ponder-deep"]
+    assert models == ["ponder", *(f"ponder-{mode}" for mode in Mode)]
+    assert {"ponder-fast", "ponder-standard", "ponder-deep"} <= set(models)
     model = await sdk.models.retrieve("ponder-deep")
     assert model.id == "ponder-deep" and model.object == "model"
     with pytest.raises(openai.NotFoundError) as info:

@@ -6,14 +6,14 @@ from typing import Any
 
 import pytest
 
-from ponder.config import Mode, load_settings
+from ponder.config import load_settings
 from ponder.enhance.calibration import Calibration, LogisticModel
 from ponder.enhance.strategy import (
     Strategy,
     create_strategy,
     leader_probability,
 )
-from ponder.types import Sample, SampleStatus, Task, TaskType, Tokens
+from ponder.types import Mode, Sample, SampleStatus, Task, TaskType, Tokens
 
 SETTINGS = load_settings(engine="scripted", redis_url=None)
 #: a flat calibration: every answer 0.5 sure, results 0.9 (capped by the Laplace share)

@@ -25,8 +25,9 @@ from fastapi.responses import JSONResponse, RedirectResponse, Response
 
 from ponder.api.deps import AppState, get_state
 from ponder.api.errors import ApiError
+from ponder.schemas import TaskCreate
 from ponder.states import STATUS_EVENTS, TERMINAL
-from ponder.types import SampleStatus, TaskStatus
+from ponder.types import EventName, Mode, SampleStatus, TaskStatus, TaskType
 
 __all__ = ["router"]
 
@@ -54,6 +55,11 @@ NAMES = {
     "statuses": [s.value for s in TaskStatus],
     "terminal": [s.value for s in TaskStatus if s in TERMINAL],
     "status_events": list(STATUS_EVENTS),
+    "events": {e.name: e.value for e in EventName},
+    "modes": [m.value for m in Mode],
+    "default_mode": TaskCreate.model_fields["mode"].default.value,
+    "task_types": [t.value for t in TaskType],
+    "default_task_type": TaskCreate.model_fields["task_type"].default.value,
     # a sample no longer queued or running: its text is final
     "finished_samples": [
         s.value for s in SampleStatus if s not in (SampleStatus.queued, SampleStatus.running)

@@ -37,10 +37,10 @@ from ponder.api.deps import AppState, check_rate, get_owner, get_state, rate_lim
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
-from ponder.deltas import DELTA
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_final, is_terminal
 from ponder.store.base import Event, TaskStore
+from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
 # that follow events
@@ -79,7 +79,7 @@ async def follow_events(
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
         for event in events:
             after = event.id
-            if not deltas and event.event == DELTA:
+            if not deltas and event.event == EventName.delta:
                 continue
             yield event
             last_yield = loop.time()

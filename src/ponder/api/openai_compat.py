@@ -57,7 +57,6 @@ from ponder.api.openai_common import (
     read_json,
     wait_unless_gone,
 )
-from ponder.deltas import DELTA
 from ponder.errors import RecoverableError
 from ponder.openai.chat import (
     ChatCompletionRequest,
@@ -74,7 +73,7 @@ from ponder.openai.common import (
     served_model,
     submit,
 )
-from ponder.types import Task
+from ponder.types import EventName, Task
 
 __all__ = ["router"]
 
@@ -154,7 +153,7 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                     yield b": keep-alive\n\n"
                 elif is_final(event):
                     break
-                elif event.event == DELTA and (piece := leader.take(event.data)):
+                elif event.event == EventName.delta and (piece := leader.take(event.data)):
                     yield chunk(0, {field: piece})
             final = await state.store.get_task(task.id)
         except RecoverableError as e:

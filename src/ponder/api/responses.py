@@ -53,7 +53,7 @@ from ponder.openai.common import OpenAIError, check_webhook_url, list_body, subm
 from ponder.openai.responses import KIND, ResponseEvents, parse_response_body, response_object
 from ponder.states import is_terminal
 from ponder.store.base import Event, StoredObject, TaskStore
-from ponder.types import Task
+from ponder.types import EventName, Task
 
 __all__ = ["router"]
 
@@ -102,7 +102,7 @@ async def _stream(
 
 async def _ended_task(store: TaskStore, event: Event, task_id: str) -> Task:
     """The task as it ended: the ``result`` event carries it; a cancel does not."""
-    if event.event == "result":
+    if event.event == EventName.result:
         return Task.model_validate(event.data)
     task = await store.get_task(task_id)
     if task is None:

@@ -15,9 +15,13 @@ const MAX_RECONNECTS = 8;
 const state = { auth: false, view: null, keyPromise: null };
 
 // The service's names, from /console/config.json before anything is shown (no copy here):
-// every task status, the terminal ones, the events that carry a task's status, and the
-// statuses of a finished sample.
-const names = { statuses: [], terminal: [], statusEvents: [], finishedSamples: [] };
+// every task status, the terminal ones, the events that carry a task's status, the
+// statuses of a finished sample, the event kinds, the modes and task types (with their
+// defaults).
+const names = {
+  statuses: [], terminal: [], statusEvents: [], finishedSamples: [], events: {},
+  modes: [], defaultMode: "", taskTypes: [], defaultTaskType: "",
+};
 const isTerminal = (status) => names.terminal.includes(status);
 
 // --- small helpers ------------------------------------------------------------------
@@ -316,9 +320,9 @@ function finishedTile(finished) {
 
 function submitForm() {
   const prompt = h("textarea", { id: "f-prompt", name: "prompt", rows: 4, required: true, placeholder: "What is 17 * 24?" });
-  const mode = choice("f-mode", ["fast", "standard", "deep"], "standard");
+  const mode = choice("f-mode", names.modes, names.defaultMode);
   const priority = choice("f-priority", ["0", "1", "2", "3", "4", "5"], "3");
-  const type = choice("f-type", ["auto", "math", "code", "choice", "text"], "auto");
+  const type = choice("f-type", names.taskTypes, names.defaultTaskType);
   const samples = h("input", { id: "f-samples", name: "samples", type: "number", min: 1, max: 12, placeholder: "mode's" });
   const error = h("p", { class: "error", id: "f-error", hidden: true });
   const button = h("button", { type: "submit", class: "primary", id: "f-submit" }, "Submit");
@@ -664,22 +668,23 @@ class TaskPage {
 
   async apply(event) {
     const data = event.data;
-    if (event.event === "delta") {
+    const kind = names.events;
+    if (event.event === kind.delta) {
       const text = (this.texts.get(data.index) || "").slice(0, data.offset) + data.text;
       this.texts.set(data.index, text);
       if (!this.samples.has(data.index)) this.showText(data.index, text);
-    } else if (event.event === "sample") {
+    } else if (event.event === kind.sample) {
       this.samples.set(data.index, data);
       const stored = this.task.samples.findIndex((s) => s.index === data.index);
       if (stored >= 0) this.task.samples[stored] = data;
       this.showSample(data.index, data);
       this.showVotes();
-    } else if (event.event === "preliminary") {
+    } else if (event.event === kind.preliminary) {
       this.task.preliminary = data;
       this.showAnswer();
-    } else if (event.event === "result") {
+    } else if (event.event === kind.result) {
       this.render(data);
-    } else if (event.event === "status") {
+    } else if (event.event === kind.status) {
       if (data.status === "running" && !this.task.samples.length) {
         this.render(await api("GET", this.path)); // the worker has planned the samples now
       } else if (isTerminal(data.status)) {
@@ -723,6 +728,11 @@ async function start() {
   names.terminal = config.terminal;
   names.statusEvents = config.status_events;
   names.finishedSamples = config.finished_samples;
+  names.events = config.events;
+  names.modes = config.modes;
+  names.defaultMode = config.default_mode;
+  names.taskTypes = config.task_types;
+  names.defaultTaskType = config.default_task_type;
   $("#key-dialog").addEventListener("cancel", (event) => event.preventDefault());
   $("#key-forget").addEventListener("click", () => {
     sessionStorage.removeItem(KEY_STORAGE);

@@ -31,6 +31,8 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
+from ponder.types import Mode
+
 __all__ = [
     "RESULT_FEATURES",
     "SAMPLE_FEATURES",
@@ -95,7 +97,7 @@ class Calibration:
     ) -> float:
         """P(the voted answer is right), capped at the Laplace share of its votes where
         the mode's model says so."""
-        model = self.modes.get(mode) or self.modes["standard"]
+        model = self.modes.get(mode) or self.modes[Mode.standard]
         p = model.predict(features)
         return min(p, laplace_cap(votes, finished)) if model.cap else p
 

@@ -49,7 +49,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ponder.config import Mode, ModeConfig, Settings
+from ponder.config import ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
 from ponder.enhance.calibration import (
     Calibration,
@@ -57,7 +57,7 @@ from ponder.enhance.calibration import (
     result_features,
     sample_features,
 )
-from ponder.types import Result, Sample, SampleStatus, Task, TaskType
+from ponder.types import Mode, Result, Sample, SampleStatus, Task, TaskType
 
 __all__ = [
     "ANYTIME_MODES",

@@ -14,7 +14,7 @@ The route, its streaming and waiting are :mod:`ponder.api.openai_compat`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
@@ -29,8 +29,8 @@ from ponder.openai.common import (
     task_request,
     text_of,
 )
-from ponder.schemas import TaskCreate
-from ponder.types import Sample, SampleStatus, Task
+from ponder.schemas import ModeField, TaskCreate, TaskTypeField
+from ponder.types import Sample, SampleStatus, Task, TaskType
 
 __all__ = [
     "ChatCompletionRequest",
@@ -58,8 +58,8 @@ class ChatCompletionRequest(BaseModel):
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     # ponder's extensions (the OpenAI SDK's ``extra_body``)
-    mode: Literal["fast", "standard", "deep"] | None = None
-    task_type: Literal["auto", "math", "code", "choice", "text"] = "auto"
+    mode: ModeField | None = None
+    task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     timeout_s: float | None = Field(default=None, gt=0)
 

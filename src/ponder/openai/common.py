@@ -17,10 +17,10 @@ from typing import Any, ParamSpec, TypeVar
 from pydantic import ValidationError
 
 from ponder import admission
-from ponder.config import SERVED_MODELS, Mode, Settings
+from ponder.config import SERVED_MODELS, Settings
 from ponder.errors import AdmissionError, Refusal
 from ponder.schemas import TaskCreate
-from ponder.types import Task, TaskStatus
+from ponder.types import Mode, Task, TaskStatus
 
 __all__ = [
     "OpenAIError",
@@ -144,13 +144,13 @@ def openai_usage(task: Task) -> tuple[int, int]:
     return prompt, task.usage.completion_tokens
 
 
-def mode_of(model: str, mode: str | None) -> str:
+def mode_of(model: str, mode: Mode | None) -> Mode:
     """The mode a request asks for: its ``mode`` field, else the model name
     (``ponder-fast|standard|deep``), else ``standard``."""
     if mode is not None:
         return mode
     suffix = model.removeprefix("ponder-")
-    return suffix if suffix != model and suffix in Mode.__members__ else "standard"
+    return Mode(suffix) if suffix != model and suffix in Mode.__members__ else Mode.standard
 
 
 def text_of(content: Any, where: str) -> str:

@@ -13,7 +13,7 @@ on the chat route). The routes are :mod:`ponder.api.responses`.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
@@ -30,10 +30,10 @@ from ponder.openai.common import (
     task_request,
     text_of,
 )
-from ponder.schemas import TaskCreate
+from ponder.schemas import ModeField, TaskCreate, TaskTypeField
 from ponder.states import is_terminal
 from ponder.store.base import Event
-from ponder.types import Task, TaskStatus
+from ponder.types import EventName, Task, TaskStatus, TaskType
 
 __all__ = [
     "KIND",
@@ -81,8 +81,8 @@ class ResponseCreateRequest(BaseModel):
     tools: list[Any] | None = None
     previous_response_id: str | None = None
     # ponder's extensions (the OpenAI SDK's ``extra_body``)
-    mode: Literal["fast", "standard", "deep"] | None = None
-    task_type: Literal["auto", "math", "code", "choice", "text"] = "auto"
+    mode: ModeField | None = None
+    task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     samples: int | None = Field(default=None, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
@@ -308,23 +308,23 @@ class ResponseEvents:
         data = event.data
         if final is not None:
             return self._finish(final)
-        if event.event == "status" and data.get("status") == TaskStatus.pending:
+        if event.event == EventName.status and data.get("status") == TaskStatus.pending:
             snapshot = response_object(self.meta, self.task, as_of=TaskStatus.pending)
             return [
                 self._emit("response.created", response=snapshot),
                 self._emit("response.queued", response=snapshot),
             ]
-        if event.event == "status" and data.get("status") == TaskStatus.running:
+        if event.event == EventName.status and data.get("status") == TaskStatus.running:
             if self._running:
                 return []
             self._running = True
             snapshot = response_object(self.meta, self.task, as_of=TaskStatus.running)
             return [self._emit("response.in_progress", response=snapshot)]
-        if event.event == "sample":
+        if event.event == EventName.sample:
             return [self._emit("ponder.sample", sample=data)]
-        if event.event == "preliminary":
+        if event.event == EventName.preliminary:
             return [self._emit("ponder.preliminary", result=data)]
-        if event.event == "delta":
+        if event.event == EventName.delta:
             text = str(data.get("text", ""))
             if self._single:
                 return self._open() + self._delta(text)
