@@ -96,7 +96,7 @@ for _name in __all__:
 
 
 # --- blocking -------------------------------------------------------------------------
-class Client(ClientCore):
+class Client(ClientCore[httpx.Client]):
     """The blocking client (see the module docstring). Close it, or use ``with``.
 
     ``base_url`` defaults to ``PONDER_URL`` (else http://127.0.0.1:8000), ``api_key``
@@ -105,19 +105,7 @@ class Client(ClientCore):
     ``unavailable`` and connection failures (``max_retries=0``: none).
     """
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        max_retries: int = 3,
-        max_retry_wait_s: float = 60.0,
-        http_client: httpx.Client | None = None,
-    ) -> None:
-        super().__init__(base_url, api_key, timeout, max_retries, max_retry_wait_s)
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.Client(timeout=timeout)
+    _http_class = httpx.Client
 
     def close(self) -> None:
         if self._owns_http:
@@ -211,22 +199,10 @@ class Client(ClientCore):
 
 
 # --- async ----------------------------------------------------------------------------
-class AsyncClient(ClientCore):
+class AsyncClient(ClientCore[httpx.AsyncClient]):
     """The asyncio client: the same methods as :class:`Client`, as coroutines."""
 
-    def __init__(
-        self,
-        base_url: str | None = None,
-        *,
-        api_key: str | None = None,
-        timeout: float = 30.0,
-        max_retries: int = 3,
-        max_retry_wait_s: float = 60.0,
-        http_client: httpx.AsyncClient | None = None,
-    ) -> None:
-        super().__init__(base_url, api_key, timeout, max_retries, max_retry_wait_s)
-        self._owns_http = http_client is None
-        self._http = http_client or httpx.AsyncClient(timeout=timeout)
+    _http_class = httpx.AsyncClient
 
     async def close(self) -> None:
         if self._owns_http:
@@ -281,12 +257,7 @@ class AsyncClient(ClientCore):
         timeout: float | None = None,  # noqa: ASYNC109 - the signature of Client.events
         deltas: bool = True,
     ) -> AsyncGenerator[TaskEvent, None]:
-        """The task's events (after ``last_event_id``) until its terminal event.
-
-        A dropped connection is resumed with ``Last-Event-ID``: no event is missed or
-        repeated. Raises :class:`WaitTimeout` after ``timeout`` seconds. ``deltas=False``
-        leaves out the ``delta`` events (the text of running samples).
-        """
+        """:meth:`Client.events`, as an async iterator."""
         stream = EventStream(
             self, task_id, last_event_id=last_event_id, timeout=timeout, deltas=deltas
         )

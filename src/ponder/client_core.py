@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
-from typing import Any, Concatenate, ParamSpec, TypeVar, cast
+from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 
 import httpx
 from pydantic import ValidationError
@@ -359,20 +359,28 @@ def _checked_url(base_url: str | None) -> str:
     return url
 
 
-class ClientCore:
-    """The service, the headers and the retry policy of a client; no I/O.
+_Http = TypeVar("_Http", httpx.Client, httpx.AsyncClient)
+
+
+class ClientCore(Generic[_Http]):
+    """The service, the headers, the retry policy and the HTTP client of a client; no I/O.
 
     Its methods are private: :class:`~ponder.client.Client` and
-    :class:`~ponder.client.AsyncClient` inherit it, and their public methods are the SDK.
+    :class:`~ponder.client.AsyncClient` inherit it (each names its ``httpx`` client class),
+    and their public methods are the SDK.
     """
+
+    _http_class: type[_Http]
 
     def __init__(
         self,
-        base_url: str | None,
-        api_key: str | None,
-        timeout: float,
-        max_retries: int,
-        max_retry_wait_s: float,
+        base_url: str | None = None,
+        *,
+        api_key: str | None = None,
+        timeout: float = 30.0,
+        max_retries: int = 3,
+        max_retry_wait_s: float = 60.0,
+        http_client: _Http | None = None,
     ) -> None:
         self.base_url = _checked_url(base_url)
         key = api_key if api_key is not None else os.environ.get("PONDER_API_KEY")
@@ -388,6 +396,9 @@ class ClientCore:
         self.max_retries = max_retries
         self.max_retry_wait_s = max_retry_wait_s
         self._rng = random.Random()
+        #: a client given by the caller is theirs to close
+        self._owns_http = http_client is None
+        self._http: _Http = http_client or self._http_class(timeout=timeout)
 
     def _args(self, request: Request) -> dict[str, Any]:
         """The keyword arguments of ``httpx.Client.request`` (or ``.stream``) for ``request``."""
@@ -477,7 +488,7 @@ class EventStream:
 
     def __init__(
         self,
-        core: ClientCore,
+        core: ClientCore[Any],
         task_id: str,
         *,
         last_event_id: str | None,

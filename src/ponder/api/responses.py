@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Any, NamedTuple
 
 import anyio
 from fastapi import APIRouter, Request
@@ -119,8 +119,21 @@ def _streaming(body: AsyncIterator[bytes]) -> StreamingResponse:
 
 
 # --- routes ---------------------------------------------------------------------------
-async def _load(state: AppState, response_id: str, owner: str) -> tuple[StoredObject, Task]:
+class _Loaded(NamedTuple):
+    state: AppState
+    owner: str
+    obj: StoredObject
+    task: Task
+
+
+async def _load(request: Request, response_id: str) -> _Loaded:
     """The caller's stored response and its task (404 otherwise)."""
+    state = get_state(request)
+    owner = await caller(request)
+    return _Loaded(state, owner, *await _find(state, response_id, owner))
+
+
+async def _find(state: AppState, response_id: str, owner: str) -> tuple[StoredObject, Task]:
     task_id = response_id.removeprefix("resp_")
     obj = None
     if response_id.startswith("resp_") and parse_task_id(task_id):
@@ -151,7 +164,7 @@ async def create_response(request: Request) -> Response:
         active = meta["webhook_url"] is not None
         obj = StoredObject(KIND, f"resp_{task.id}", owner, sort_key(task.id), meta, active=active)
         if not await state.store.create_object(obj, ttl_s=2 * state.settings.task_ttl_s):
-            meta = (await _load(state, obj.id, owner))[0].data
+            meta = (await _find(state, obj.id, owner))[0].data
     if req.stream:
         return _streaming(_stream(state, meta, task, owner, -1, cancel_on_leave=not req.background))
     if req.background:
@@ -169,9 +182,7 @@ async def create_response(request: Request) -> Response:
 async def retrieve_response(response_id: str, request: Request) -> Response:
     """The response; with ``?stream=true`` its events (after ``starting_after``), then
     the live ones until it ends."""
-    state = get_state(request)
-    owner = await caller(request)
-    obj, task = await _load(state, response_id, owner)
+    state, owner, obj, task = await _load(request, response_id)
     if request.query_params.get("stream", "false").lower() in ("true", "1"):
         after = query_int(request, "starting_after", -1, -1, 2**62)
         return _streaming(_stream(state, obj.data, task, owner, after, cancel_on_leave=False))
@@ -183,9 +194,7 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
 async def cancel_response(response_id: str, request: Request) -> Response:
     """Cancel a background response that is queued or in progress (a finished one is
     returned as it is)."""
-    state = get_state(request)
-    owner = await caller(request)
-    obj, task = await _load(state, response_id, owner)
+    state, owner, obj, task = await _load(request, response_id)
     if not obj.data["background"]:
         raise OpenAIError(
             400, "bad_request", "only background responses can be cancelled", param="response_id"
@@ -210,9 +219,7 @@ async def _cancel(store: TaskStore, task_id: str, owner: str) -> Task:
 @openai_errors
 async def delete_response(response_id: str, request: Request) -> Response:
     """Delete the response (a queued or running one is cancelled first)."""
-    state = get_state(request)
-    owner = await caller(request)
-    _, task = await _load(state, response_id, owner)
+    state, owner, _, task = await _load(request, response_id)
     if not is_terminal(task.status):
         await _cancel(state.store, task.id, owner)
     await state.store.delete_object(KIND, response_id)
@@ -223,9 +230,7 @@ async def delete_response(response_id: str, request: Request) -> Response:
 @openai_errors
 async def list_input_items(response_id: str, request: Request) -> Response:
     """The response's input messages: ``?order=desc|asc`` (default desc), ``after``, ``limit``."""
-    state = get_state(request)
-    owner = await caller(request)
-    obj, _ = await _load(state, response_id, owner)
+    obj = (await _load(request, response_id)).obj
     order = request.query_params.get("order", "desc")
     if order not in ("asc", "desc"):
         raise OpenAIError(422, "invalid", "order: give asc or desc", param="order")
