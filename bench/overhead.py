@@ -1,0 +1,1951 @@
+"""Benchmark: the service's own CPU cost per task, beside arq's no-op job (issue #23).
+
+Run with ``make bench-overhead`` (``.venv/bin/python bench/overhead.py``; arq and py-spy
+come from ``make peer-arq``, a virtualenv of their own). Writes
+``bench/results/overhead.md``, ``overhead.png`` and ``overhead.json`` (``--quick``: a
+smoke run of ~60 tasks a case, written under /tmp unless ``--out`` says otherwise).
+
+Everything runs over a ``redis-server`` of the run's own (a free loopback port, no
+persistence), so its CPU is attributable. **CPU per task** is the user + system CPU time
+(``utime + stime`` of ``/proc/<pid>/stat``, plus those of reaped children) of every ponder
+process and their children — ``ponder api`` and ``ponder worker`` (split), or ``ponder
+serve`` (embedded, SQLite) — and of the redis-server, over the measured window, divided by
+the tasks that finished ``done`` in it. The client's own CPU is reported beside it.
+
+1. **Cases**: fast tasks (``mode=fast``) and standard tasks of 5 samples (``mode=standard,
+   samples=5, early_stop=false``: all 5 run); on the scripted engine at 0 ms a step
+   (``PONDER_SCRIPTED_STEP_MS=0,0``) and on the openai engine in front of a stand-in
+   OpenAI-compatible server (a plain asyncio HTTP server in a subprocess: each request
+   answered after 0.2 s, at most ``--standin-slots`` at once); split (``ponder api`` + one
+   ``ponder worker`` over the Redis) and embedded (``ponder serve``, SQLite). Client:
+   ``--clients`` (16) asyncio tasks on one event loop in this process, one shared httpx
+   client, each submitting a task and polling ``GET /v1/tasks/{id}`` every 50 ms until
+   it ends, for ``--tasks`` tasks: a closed loop, so tasks/s at saturation. Then open-loop
+   Poisson arrivals at 50 % and 90 % of that rate: submit->done latency p50/p99.
+2. **arq** 0.28 (the peer virtualenv), a no-op job through the same redis-server: 16
+   concurrent clients enqueueing and waiting with ``Job.result(poll_delay=0.05)``,
+   ``--arq-jobs`` jobs, CPU per job of the worker, the client and redis-server. Measured
+   right before and right after ponder's split scripted fast case (interleaved).
+3. **Profile** of the split scripted fast case: ``py-spy record --format raw --function``
+   on the API and the worker during a closed loop (its own run, not a measured one),
+   top entries by own time.
+4. **Scale-out**: 1 API + 1 worker against 2 APIs (two ports; the client spreads tasks
+   over them: ``ponder api`` has no ``--workers``) + 2 workers, interleaved; the Redis
+   commands per task (``INFO commandstats``), ``redis-benchmark`` on the same machine, and
+   what one Redis core carries on paper.
+5. **Capacity**: the openai engine in front of the stand-in with ``--capacity-clients``
+   (64) clients, completed tasks/s against the stand-in's capacity (slots / 0.2 s).
+
+``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
+temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
+working tree, so that a figure names the code it measured while others edit ``src/``.
+``--only`` runs some parts (for development). Every process the run starts (redis-server,
+the stand-in, ponder's, arq's, py-spy) is stopped before it exits, on failure too.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import datetime
+import inspect
+import json
+import math
+import os
+import platform
+import random
+import re
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import redis.asyncio as aioredis
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+ARQ_VENV = ROOT / ".venv-arq"
+TERMINAL = {"done", "partial_done", "failed", "cancelled"}
+CLK_TCK = os.sysconf("SC_CLK_TCK")
+SEED = 20261203
+#: the issue's figures (split, 600 fast tasks, 16 polling clients), for reference
+ISSUE_BASELINE = {"scripted": (5.2, 0.4, 250), "openai": (7.7, 0.4, 149)}
+ARQ_VERSION = "0.28.0"
+#: py-spy samples only the thread holding the GIL: Python-level CPU, robust to threads that
+#: are runnable but waiting for a core (which it would otherwise count as busy)
+PY_SPY_FLAGS = ["--nonblocking", "--gil", "--function", "--rate", "200"]
+PARTS = ("cases", "arq", "capacity", "scale", "profile", "redis-benchmark")
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", flush=True)
+
+
+def load1() -> float:
+    return os.getloadavg()[0]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
+    return ordered[k]
+
+
+# --- CPU time from /proc ---------------------------------------------------------------
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            raw = f.read().decode("latin-1")
+    except OSError:
+        return None
+    # the command name may hold spaces and parentheses: the fields follow the last ')'
+    return raw[raw.rindex(")") + 2 :].split()
+
+
+def proc_table() -> dict[int, tuple[int, float, float]]:
+    """pid -> (ppid, CPU seconds: utime + stime + cutime + cstime, of which system time:
+    stime + cstime) of every process."""
+    table: dict[int, tuple[int, float, float]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        fields = _stat_fields(int(entry))
+        if fields is None:
+            continue
+        # fields[0] is the state (stat field 3): ppid is field 4, utime..cstime 14..17
+        ticks = sum(int(fields[i]) for i in (11, 12, 13, 14))
+        sys_ticks = int(fields[12]) + int(fields[14])
+        table[int(entry)] = (int(fields[1]), ticks / CLK_TCK, sys_ticks / CLK_TCK)
+    return table
+
+
+def own_cpu() -> tuple[float, float]:
+    """This process's user + system CPU seconds, and its system seconds (all its threads;
+    not its children)."""
+    fields = _stat_fields(os.getpid())
+    assert fields is not None
+    return (int(fields[11]) + int(fields[12])) / CLK_TCK, int(fields[12]) / CLK_TCK
+
+
+def cpu_by_role(roles: dict[str, list[int]]) -> tuple[dict[str, float], dict[str, float]]:
+    """CPU seconds of each role (the processes rooted at its pids and their children), and
+    the system part of them; ``client`` is this process.
+
+    A child's time counts while it lives (its own utime + stime) and, once reaped, in its
+    parent's cutime + cstime: a delta over a window counts it once either way."""
+    table = proc_table()
+    children: dict[int, list[int]] = {}
+    for pid, (ppid, _, _) in table.items():
+        children.setdefault(ppid, []).append(pid)
+    out: dict[str, float] = {}
+    sys_out: dict[str, float] = {}
+    for role, roots in roles.items():
+        total, system, stack, seen = 0.0, 0.0, list(roots), set()
+        while stack:
+            pid = stack.pop()
+            if pid in seen or pid not in table:
+                continue
+            seen.add(pid)
+            total += table[pid][1]
+            system += table[pid][2]
+            stack.extend(children.get(pid, ()))
+        out[role], sys_out[role] = total, system
+    out["client"], sys_out["client"] = own_cpu()
+    return out, sys_out
+
+
+@dataclass
+class Window:
+    """CPU seconds by role (and their system part) and wall time over a measured window."""
+
+    roles: dict[str, list[int]]
+    cpu0: dict[str, float] = field(default_factory=dict)
+    sys0: dict[str, float] = field(default_factory=dict)
+    t0: float = 0.0
+    load0: float = 0.0
+    cpu_s: dict[str, float] = field(default_factory=dict)
+    sys_s: dict[str, float] = field(default_factory=dict)
+    wall_s: float = 0.0
+    load_end: float = 0.0
+
+    def start(self) -> Window:
+        self.load0 = load1()
+        self.cpu0, self.sys0 = cpu_by_role(self.roles)
+        self.t0 = time.monotonic()
+        return self
+
+    def stop(self) -> Window:
+        self.wall_s = time.monotonic() - self.t0
+        cpu1, sys1 = cpu_by_role(self.roles)
+        self.cpu_s = {k: cpu1[k] - self.cpu0[k] for k in cpu1}
+        self.sys_s = {k: sys1[k] - self.sys0[k] for k in sys1}
+        self.load_end = load1()
+        return self
+
+
+# --- processes -------------------------------------------------------------------------
+
+
+class Proc:
+    """A subprocess of this run; every one is stopped in ``stop_all`` at the end."""
+
+    running: ClassVar[list[Proc]] = []
+
+    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], logdir: Path):
+        self.name = name
+        self.argv = list(argv)
+        self.env = env
+        self.log_path = logdir / f"{name}.log"
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self, stdout: int | None = asyncio.subprocess.DEVNULL) -> Proc:
+        with self.log_path.open("ab") as logf:
+            self.proc = await asyncio.create_subprocess_exec(
+                *self.argv, env=self.env, stdout=stdout, stderr=logf
+            )
+        Proc.running.append(self)
+        return self
+
+    def alive(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    def log_tail(self, chars: int = 1500) -> str:
+        with contextlib.suppress(OSError):
+            return self.log_path.read_text(errors="replace")[-chars:]
+        return ""
+
+    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
+        if self.proc is None:
+            return
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout_s)
+            except TimeoutError:
+                with contextlib.suppress(ProcessLookupError):
+                    self.proc.kill()
+                await self.proc.wait()
+        with contextlib.suppress(ValueError):
+            Proc.running.remove(self)
+
+    @classmethod
+    async def stop_all(cls) -> None:
+        for p in list(reversed(cls.running)):
+            await p.stop(timeout_s=10)
+
+
+async def until(
+    check: Callable[[], Any], what: str, timeout_s: float, procs: Sequence[Proc] = ()
+) -> Any:
+    """Poll ``check`` (returning, or awaiting to, a truthy value when ready) every 50 ms
+    until the deadline; fail early if one of ``procs`` exits."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        with contextlib.suppress(Exception):
+            result = check()
+            if inspect.isawaitable(result):
+                result = await result
+            if result:
+                return result
+        for p in procs:
+            if not p.alive():
+                raise RuntimeError(f"{p.name} exited while waiting for {what}:\n{p.log_tail()}")
+        if time.monotonic() > deadline:
+            tails = "\n".join(f"--- {p.name}\n{p.log_tail()}" for p in procs)
+            raise RuntimeError(f"{what}: not within {timeout_s:g} s\n{tails}")
+        await asyncio.sleep(0.05)
+
+
+class Redis:
+    """A redis-server of this run's own: free loopback port, no persistence."""
+
+    def __init__(self, logdir: Path) -> None:
+        self.port = free_port()
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+        self.proc = Proc(
+            "redis-server",
+            ["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+             "--appendonly", "no", "--dir", str(logdir), "--protected-mode", "no"],
+            dict(os.environ),
+            logdir,
+        )  # fmt: skip
+        self.client: aioredis.Redis | None = None
+
+    async def start(self) -> Redis:
+        await self.proc.start()
+        self.client = aioredis.Redis.from_url(self.url, decode_responses=True)
+        client = self.client
+        await until(lambda: client.ping(), "redis-server", 30, [self.proc])
+        return self
+
+    async def commandstats(self) -> dict[str, tuple[int, float]]:
+        """command -> (calls, usec) since the start."""
+        assert self.client is not None
+        info = await self.client.info("commandstats")
+        return {
+            k.removeprefix("cmdstat_"): (int(v["calls"]), float(v["usec"])) for k, v in info.items()
+        }
+
+    async def version(self) -> str:
+        assert self.client is not None
+        return str((await self.client.info("server"))["redis_version"])
+
+    async def stop(self) -> None:
+        if self.client is not None:
+            await self.client.aclose()
+        await self.proc.stop()
+
+
+# A stand-in OpenAI-compatible server: plain asyncio HTTP/1.1 (keep-alive, Content-Length
+# bodies), so that its own CPU stays small; every request is answered after DELAY seconds,
+# at most SLOTS at once (the others wait in line): capacity SLOTS / DELAY requests/s.
+STAND_IN = r"""
+import asyncio, json, sys
+port, delay, slots = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
+gate = asyncio.Semaphore(slots)
+state = {"now": 0, "peak": 0, "served": 0, "choices": 0}
+
+def answer(body):
+    n = int(body.get("n") or 1)
+    state["choices"] += n
+    return json.dumps({
+        "id": "chatcmpl-stand-in", "object": "chat.completion", "model": body.get("model"),
+        "choices": [{"index": i, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "The answer is 4."}}
+                    for i in range(n)],
+        "usage": {"prompt_tokens": 10, "completion_tokens": 5 * n,
+                  "total_tokens": 10 + 5 * n}}).encode()
+
+async def handle(reader, writer):
+    try:
+        while True:
+            head = await reader.readuntil(b"\r\n\r\n")
+            lines = head.decode("latin-1").split("\r\n")
+            path = lines[0].split(" ")[1]
+            length = 0
+            for line in lines[1:]:
+                name, _, value = line.partition(":")
+                if name.strip().lower() == "content-length":
+                    length = int(value)
+            body = await reader.readexactly(length) if length else b""
+            if path.endswith("/chat/completions"):
+                async with gate:
+                    state["now"] += 1
+                    state["peak"] = max(state["peak"], state["now"])
+                    try:
+                        await asyncio.sleep(delay)
+                    finally:
+                        state["now"] -= 1
+                    state["served"] += 1
+                payload, status = answer(json.loads(body)), b"200 OK"
+            elif path == "/stats":
+                payload, status = json.dumps(state).encode(), b"200 OK"
+            else:
+                payload, status = b'{"error": "not found"}', b"404 Not Found"
+            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+                         b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+            await writer.drain()
+    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
+        pass
+    finally:
+        writer.close()
+
+async def main():
+    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
+    async with server:
+        await server.serve_forever()
+
+asyncio.run(main())
+"""
+
+
+class StandIn:
+    def __init__(self, logdir: Path, delay_s: float, slots: int) -> None:
+        self.port = free_port()
+        self.delay_s, self.slots = delay_s, slots
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc = Proc(
+            "stand-in",
+            [sys.executable, "-c", STAND_IN, str(self.port), str(delay_s), str(slots)],
+            dict(os.environ),
+            logdir,
+        )
+
+    @property
+    def capacity(self) -> float:
+        return self.slots / self.delay_s
+
+    async def stats(self) -> dict[str, int]:
+        async with httpx.AsyncClient(timeout=5) as c:
+            return dict((await c.get(f"{self.url}/stats")).json())
+
+    async def start(self) -> StandIn:
+        await self.proc.start()
+        await until(self.stats, "the stand-in", 30, [self.proc])
+        return self
+
+
+#: ``--at-commit``: the ponder processes import ponder from this source tree (a ``git
+#: archive`` of the commit) instead of the working tree's ``src``
+PONDER_SRC: Path | None = None
+
+
+def ponder_env(**settings: object) -> dict[str, str]:
+    """This run's environment for ponder: none of the caller's PONDER_* variables."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PONDER_")}
+    if PONDER_SRC is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            [str(PONDER_SRC), *filter(None, [os.environ.get("PYTHONPATH")])]
+        )
+    env.update({"PONDER_API_KEYS": "", "PONDER_LOG_LEVEL": "WARNING"})
+    env.update({f"PONDER_{k.upper()}": str(v) for k, v in settings.items()})
+    return env
+
+
+@dataclass
+class ClusterSpec:
+    deployment: str  # split | embedded
+    engine: str  # scripted | openai
+    apis: int = 1
+    workers: int = 1
+    #: run each process under ``python -m cProfile -o <dir>/<name>.prof`` (the fallback
+    #: profiler); stopped by SIGINT so that cProfile writes its file
+    cprofile_dir: Path | None = None
+
+    @property
+    def label(self) -> str:
+        if self.deployment == "embedded":
+            return f"embedded, {self.engine}"
+        if (self.apis, self.workers) == (1, 1):
+            return f"split, {self.engine}"
+        return f"split {self.apis}+{self.workers}, {self.engine}"
+
+
+class Cluster:
+    """ponder's processes for one spec: ``ponder api`` x N + ``ponder worker`` x M over the
+    run's Redis, or one ``ponder serve`` on a fresh SQLite file."""
+
+    count = 0
+
+    def __init__(self, spec: ClusterSpec, redis: Redis, standin: StandIn, workdir: Path) -> None:
+        Cluster.count += 1
+        self.spec = spec
+        self.redis = redis
+        self.workdir = workdir
+        self.prefix = f"ovh{Cluster.count}"
+        settings: dict[str, object] = {"engine": spec.engine, "scripted_step_ms": "0,0"}
+        if spec.engine == "openai":
+            settings.update(openai_base_url=f"{standin.url}/v1", openai_model="stand-in")
+        if spec.deployment == "split":
+            settings.update(redis_url=redis.url, key_prefix=self.prefix)
+        else:
+            settings.update(sqlite_path=workdir / f"{self.prefix}.db")
+        self.env = ponder_env(**settings)
+        self.ports: list[int] = []
+        self.apis: list[Proc] = []
+        self.workers: list[Proc] = []
+
+    @property
+    def urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{p}" for p in self.ports]
+
+    @property
+    def procs(self) -> list[Proc]:
+        return self.apis + self.workers
+
+    def roles(self) -> dict[str, list[int]]:
+        if self.spec.deployment == "embedded":
+            return {"serve": [p.pid for p in self.apis]}
+        return {
+            "api": [p.pid for p in self.apis],
+            "worker": [p.pid for p in self.workers],
+            "redis": [self.redis.proc.pid],
+        }
+
+    async def start(self) -> Cluster:
+        pdir = self.spec.cprofile_dir
+
+        def cli(name: str) -> list[str]:
+            if pdir is None:
+                return [sys.executable, "-m", "ponder.cli"]
+            return [sys.executable, "-m", "cProfile", "-o", str(pdir / f"{name}.prof"),
+                    "-m", "ponder.cli"]  # fmt: skip
+
+        command = "serve" if self.spec.deployment == "embedded" else "api"
+        for i in range(self.spec.apis):
+            port = free_port()
+            self.ports.append(port)
+            name = f"{self.prefix}-{command}{i}"
+            argv = [*cli(name), command, "--host", "127.0.0.1", "--port", str(port)]
+            self.apis.append(await Proc(name, argv, self.env, self.workdir).start())
+        if self.spec.deployment == "split":
+            for i in range(self.spec.workers):
+                name = f"{self.prefix}-worker{i}"
+                argv = [*cli(name), "worker"]
+                self.workers.append(await Proc(name, argv, self.env, self.workdir).start())
+        need = self.spec.workers if self.spec.deployment == "split" else 1
+        for url in self.urls:
+
+            async def ready(url: str = url) -> bool:
+                async with httpx.AsyncClient(base_url=url, timeout=5) as c:
+                    r = await c.get("/readyz")
+                    return r.status_code == 200 and r.json()["workers"] >= need
+
+            await until(ready, f"{self.spec.label} ready", 120, self.procs)
+        return self
+
+    async def stop(self) -> None:
+        sig = signal.SIGTERM if self.spec.cprofile_dir is None else signal.SIGINT
+        for p in self.workers + self.apis:
+            await p.stop(sig, timeout_s=60)
+
+
+# --- the ponder client -----------------------------------------------------------------
+
+
+def task_body(mode: str, i: int) -> dict[str, Any]:
+    if mode == "fast":
+        return {"prompt": f"What is {i} + 1?", "mode": "fast"}
+    return {"prompt": f"What is {i} + 1?", "mode": "standard", "samples": 5, "early_stop": False}
+
+
+def parse_ts(value: str | None) -> float | None:
+    if not value:
+        return None
+    return datetime.datetime.fromisoformat(value).timestamp()
+
+
+@dataclass
+class TaskResult:
+    status: str
+    latency_s: float  # client: submit sent -> a poll saw it end
+    server_s: float  # created_at -> finished_at of the task
+    ended_at: float  # monotonic, when the client saw it end
+    polls: int
+    samples_done: int
+
+
+class Client:
+    """The benchmark's client: asyncio tasks over one httpx client per API URL."""
+
+    def __init__(self, urls: Sequence[str], poll_s: float) -> None:
+        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        self.http = [httpx.AsyncClient(base_url=u, timeout=60, limits=limits) for u in urls]
+        self.poll_s = poll_s
+        self.errors: Counter[str] = Counter()
+
+    async def aclose(self) -> None:
+        for c in self.http:
+            await c.aclose()
+
+    async def run_task(self, i: int, body: dict[str, Any]) -> TaskResult:
+        """Submit, then poll every ``poll_s`` until the task ends (a 503 queue_full: retry
+        after its Retry-After)."""
+        http = self.http[i % len(self.http)]
+        started = time.monotonic()
+        while True:
+            r = await http.post("/v1/tasks", json=body)
+            if r.status_code == 202:
+                break
+            self.errors[f"submit {r.status_code}"] += 1
+            if r.status_code != 503:
+                raise RuntimeError(f"submit: {r.status_code} {r.text[:300]}")
+            await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+        task_id = r.json()["id"]
+        polls = 0
+        while True:
+            await asyncio.sleep(self.poll_s)
+            polls += 1
+            r = await http.get(f"/v1/tasks/{task_id}")
+            if r.status_code != 200:
+                self.errors[f"poll {r.status_code}"] += 1
+                continue
+            task = r.json()
+            if task["status"] in TERMINAL:
+                ended = time.monotonic()
+                created, finished = (
+                    parse_ts(task.get("created_at")),
+                    parse_ts(task.get("finished_at")),
+                )
+                server = finished - created if created and finished else float("nan")
+                return TaskResult(
+                    task["status"],
+                    ended - started,
+                    server,
+                    ended,
+                    polls,
+                    int(task.get("samples_done") or 0),
+                )
+
+
+@dataclass
+class Phase:
+    """One measured window of ponder tasks."""
+
+    case: str
+    deployment: str
+    engine: str
+    mode: str
+    loop: str  # closed | open 50% | open 90% | capacity | scale-out
+    tasks: int
+    done: int
+    not_done: dict[str, int]
+    wall_s: float
+    tasks_per_s: float
+    cpu_s: dict[str, float]
+    cpu_ms_per_task: dict[str, float]
+    sys_ms_per_task: dict[str, float]
+    service_ms: float  # ponder processes + redis-server
+    total_ms: float  # with the client
+    p50_s: float
+    p99_s: float
+    server_p50_s: float
+    server_p99_s: float
+    polls_per_task: float
+    samples_per_task: float
+    load_start: float
+    load_end: float
+    offered_per_s: float = float("nan")
+    steady_per_s: float = float("nan")
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def summarize(
+    spec: ClusterSpec,
+    mode: str,
+    loop: str,
+    window: Window,
+    results: Sequence[TaskResult],
+    offered: float = float("nan"),
+) -> Phase:
+    done = [r for r in results if r.status == "done"]
+    n = max(1, len(done))
+    per_task = {k: 1000 * v / n for k, v in window.cpu_s.items()}
+    service = sum(v for k, v in per_task.items() if k != "client")
+    ends = sorted(r.ended_at for r in done)
+    steady = float("nan")
+    if len(ends) >= 20:
+        lo, hi = int(0.1 * len(ends)), int(0.9 * len(ends))
+        if ends[hi] > ends[lo]:
+            steady = (hi - lo) / (ends[hi] - ends[lo])
+    return Phase(
+        case=f"{spec.label}, {mode}",
+        deployment=spec.deployment if (spec.apis, spec.workers) == (1, 1) else spec.label,
+        engine=spec.engine,
+        mode=mode,
+        loop=loop,
+        tasks=len(results),
+        done=len(done),
+        not_done=dict(Counter(r.status for r in results if r.status != "done")),
+        wall_s=window.wall_s,
+        tasks_per_s=len(done) / window.wall_s,
+        cpu_s=window.cpu_s,
+        cpu_ms_per_task=per_task,
+        sys_ms_per_task={k: 1000 * v / n for k, v in window.sys_s.items()},
+        service_ms=service,
+        total_ms=service + per_task["client"],
+        p50_s=percentile([r.latency_s for r in done], 50),
+        p99_s=percentile([r.latency_s for r in done], 99),
+        server_p50_s=percentile([r.server_s for r in done], 50),
+        server_p99_s=percentile([r.server_s for r in done], 99),
+        polls_per_task=sum(r.polls for r in results) / max(1, len(results)),
+        samples_per_task=sum(r.samples_done for r in done) / n,
+        load_start=window.load0,
+        load_end=window.load_end,
+        offered_per_s=offered,
+        steady_per_s=steady,
+    )
+
+
+async def closed_loop(
+    client: Client, mode: str, tasks: int, clients: int, start_index: int = 0
+) -> list[TaskResult]:
+    """``clients`` lanes, each submitting a task and polling it to its end, then the next."""
+    indices = iter(range(start_index, start_index + tasks))
+    results: list[TaskResult] = []
+
+    async def lane() -> None:
+        for i in indices:
+            results.append(await client.run_task(i, task_body(mode, i)))
+
+    await asyncio.gather(*(lane() for _ in range(clients)))
+    return results
+
+
+async def open_loop(
+    client: Client, mode: str, tasks: int, rate: float, seed: str, start_index: int
+) -> list[TaskResult]:
+    """Poisson arrivals at ``rate``/s, each task polled to its end on its own."""
+    rng = random.Random(seed)
+    jobs: list[asyncio.Task[TaskResult]] = []
+    t0 = time.monotonic()
+    at = 0.0
+    for k in range(tasks):
+        at += rng.expovariate(rate)
+        delay = t0 + at - time.monotonic()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        i = start_index + k
+        jobs.append(asyncio.create_task(client.run_task(i, task_body(mode, i))))
+    return list(await asyncio.gather(*jobs))
+
+
+@dataclass
+class Settings:
+    tasks: int
+    clients: int
+    poll_s: float
+    warmup: int
+    arq_jobs: int
+    arq_poll_delay_s: float
+    arq_max_jobs: int
+    standin_delay_s: float
+    standin_slots: int
+    capacity_clients: int
+    capacity_tasks: int
+    profile_tasks: int
+    scale_rounds: int
+    cprofile: bool = False
+    parts: tuple[str, ...] = PARTS
+    loads: tuple[float, ...] = (0.5, 0.9)
+
+
+class Bench:
+    def __init__(self, s: Settings, workdir: Path) -> None:
+        self.s = s
+        self.workdir = workdir
+        self.redis = Redis(workdir)
+        self.standin = StandIn(workdir, s.standin_delay_s, s.standin_slots)
+        self.index = 0  # task numbering across the run (distinct prompts)
+        self.phases: list[Phase] = []
+        self.arq: list[dict[str, Any]] = []
+        self.profile: dict[str, Any] = {}
+        self.commandstats: dict[str, dict[str, Any]] = {}
+        self.redis_bench: dict[str, Any] = {}
+        self.notes: list[str] = []
+
+    def next_indices(self, n: int) -> int:
+        start = self.index
+        self.index += n
+        return start
+
+    async def measure(
+        self, cluster: Cluster, client: Client, mode: str, loop: str, run: Callable[[], Any]
+    ) -> tuple[Phase, dict[str, tuple[int, float]] | None]:
+        roles = cluster.roles()
+        if cluster.spec.engine == "openai":
+            roles["stand-in"] = [self.standin.proc.pid]
+        split = cluster.spec.deployment == "split"
+        stats0 = await self.redis.commandstats() if split else None
+        window = Window(roles).start()
+        results, offered = await run()
+        window.stop()
+        stats = None
+        if stats0 is not None:
+            stats1 = await self.redis.commandstats()
+            stats = {
+                k: (v[0] - stats0.get(k, (0, 0.0))[0], v[1] - stats0.get(k, (0, 0.0))[1])
+                for k, v in stats1.items()
+                if v[0] - stats0.get(k, (0, 0.0))[0] > 0
+            }
+        standin_ms = window.cpu_s.pop("stand-in", None)
+        phase = summarize(cluster.spec, mode, loop, window, results, offered)
+        if standin_ms is not None:
+            phase.extra["stand_in_cpu_ms_per_task"] = 1000 * standin_ms / max(1, phase.done)
+        if client.errors:
+            phase.extra["client_errors"] = dict(client.errors)
+            client.errors.clear()
+        self.phases.append(phase)
+        ms = phase.cpu_ms_per_task
+        log(
+            f"{phase.case} [{loop}]: {phase.done}/{phase.tasks} done, "
+            f"{phase.tasks_per_s:.1f}/s, service {phase.service_ms:.2f} ms/task "
+            f"({', '.join(f'{k} {v:.2f}' for k, v in ms.items())}), "
+            f"p50 {phase.p50_s * 1000:.0f} ms p99 {phase.p99_s * 1000:.0f} ms, "
+            f"load {phase.load_start:.2f}->{phase.load_end:.2f}"
+        )
+        return phase, stats
+
+    async def warm(self, client: Client, mode: str) -> None:
+        await closed_loop(
+            client, mode, self.s.warmup, self.s.clients, self.next_indices(self.s.warmup)
+        )
+
+    async def case(self, cluster: Cluster, mode: str, open_loads: bool = True) -> Phase:
+        """Closed loop (saturation), then open loop at each of ``loads`` x its rate."""
+        s = self.s
+        client = Client(cluster.urls, s.poll_s)
+        try:
+            await self.warm(client, mode)
+
+            async def closed() -> tuple[list[TaskResult], float]:
+                start = self.next_indices(s.tasks)
+                return await closed_loop(client, mode, s.tasks, s.clients, start), math.nan
+
+            saturated, stats = await self.measure(cluster, client, mode, "closed", closed)
+            if stats is not None:
+                self.commandstats[saturated.case] = {
+                    "tasks": saturated.done,
+                    "per_task": {k: v[0] / max(1, saturated.done) for k, v in stats.items()},
+                    "usec_per_task": {k: v[1] / max(1, saturated.done) for k, v in stats.items()},
+                }
+            if open_loads:
+                for load in s.loads:
+                    rate = load * saturated.tasks_per_s
+
+                    async def opened(rate: float = rate) -> tuple[list[TaskResult], float]:
+                        start = self.next_indices(s.tasks)
+                        seed = f"{SEED}-{cluster.spec.label}-{mode}-{rate}"
+                        return await open_loop(client, mode, s.tasks, rate, seed, start), rate
+
+                    await self.measure(cluster, client, mode, f"open {load:.0%}", opened)
+            return saturated
+        finally:
+            await client.aclose()
+
+    # --- arq -------------------------------------------------------------------------
+
+    async def arq_run(self, label: str) -> dict[str, Any]:
+        s = self.s
+        py = str(ARQ_VENV / "bin" / "python")
+        worker = await Proc(
+            f"arq-worker-{len(self.arq)}",
+            [py, "-c", ARQ_WORKER, str(self.redis.port), str(s.arq_max_jobs),
+             str(s.arq_poll_delay_s)],
+            dict(os.environ),
+            self.workdir,
+        ).start()  # fmt: skip
+        client = Proc(
+            f"arq-client-{len(self.arq)}",
+            [py, "-c", ARQ_CLIENT, str(self.redis.port), str(s.arq_jobs), str(s.clients),
+             str(s.poll_s), str(max(s.warmup, 2 * s.clients)),
+             f"{worker.pid},{self.redis.proc.pid}"],
+            dict(os.environ),
+            self.workdir,
+        )  # fmt: skip
+        stats0 = await self.redis.commandstats()
+        try:
+            await client.start(stdout=asyncio.subprocess.PIPE)
+            assert client.proc is not None and client.proc.stdout is not None
+            out = await asyncio.wait_for(client.proc.stdout.read(), 600)
+            await client.proc.wait()
+            if client.proc.returncode != 0 or not out.strip():
+                raise RuntimeError(f"the arq client failed:\n{client.log_tail()}")
+        finally:
+            await client.stop()
+            await worker.stop()
+        stats1 = await self.redis.commandstats()
+        result: dict[str, Any] = json.loads(out.decode().strip().splitlines()[-1])
+        n = max(1, result["done"])
+        cpu = {
+            "worker": result["cpu"][str(worker.pid)],
+            "redis": result["cpu"][str(self.redis.proc.pid)],
+            "client": result["client_cpu"],
+        }
+        result.update(
+            label=label,
+            cpu_s=cpu,
+            cpu_ms_per_job={k: 1000 * v / n for k, v in cpu.items()},
+            jobs_per_s=result["done"] / result["wall_s"],
+            redis_calls_per_job={
+                k: (v[0] - stats0.get(k, (0, 0.0))[0]) / n
+                for k, v in stats1.items()
+                if v[0] - stats0.get(k, (0, 0.0))[0] > 0
+            },
+        )
+        ms = result["cpu_ms_per_job"]
+        result["service_ms"] = ms["worker"] + ms["redis"]
+        result["total_ms"] = result["service_ms"] + ms["client"]
+        self.arq.append(result)
+        log(
+            f"arq ({label}): {result['done']} jobs, {result['jobs_per_s']:.1f}/s, "
+            f"{result['total_ms']:.2f} ms/job (worker {ms['worker']:.2f}, redis "
+            f"{ms['redis']:.2f}, client {ms['client']:.2f}), load "
+            f"{result['load_start']:.2f}->{result['load_end']:.2f}"
+        )
+        return result
+
+    # --- profile ---------------------------------------------------------------------
+
+    async def profile_loop(
+        self, cluster: Cluster, attach: Callable[[], Awaitable[None]] | None = None
+    ) -> tuple[int, float, float]:
+        """The profiled load: fast tasks, open loop at 50 % of the split scripted fast
+        case's saturated rate (measured here first if this run has not), so that the
+        processes seldom wait for a core: a sampler counts a runnable thread as busy.
+        ``attach`` runs after the warm-up, right before the profiled tasks."""
+        client = Client(cluster.urls, self.s.poll_s)
+        n = self.s.profile_tasks
+        try:
+            await self.warm(client, "fast")
+            saturated = find(self, "split", "scripted", "fast", "closed")
+            if saturated is not None:
+                rate = 0.5 * saturated.tasks_per_s
+            else:
+                t0 = time.monotonic()
+                k = self.s.tasks
+                await closed_loop(client, "fast", k, self.s.clients, self.next_indices(k))
+                rate = 0.5 * k / (time.monotonic() - t0)
+            if attach is not None:
+                await attach()
+            t0 = time.monotonic()
+            seed = f"{SEED}-profile"
+            results = await open_loop(client, "fast", n, rate, seed, self.next_indices(n))
+            wall = time.monotonic() - t0
+        finally:
+            await client.aclose()
+        return sum(r.status == "done" for r in results), wall, rate
+
+    async def py_spy_profile(self, cluster: Cluster) -> bool:
+        """py-spy on the API and the worker; False when it could not sample them."""
+        py_spy = ARQ_VENV / "bin" / "py-spy"
+        if not py_spy.exists():
+            self.notes.append("py-spy is not installed (make peer-arq)")
+            return False
+        outs: dict[str, Path] = {}
+        spies: dict[str, Proc] = {}
+
+        async def attach() -> None:
+            for role, proc in (("api", cluster.apis[0]), ("worker", cluster.workers[0])):
+                outs[role] = self.workdir / f"profile-{role}.txt"
+                spies[role] = await Proc(
+                    f"py-spy-{role}",
+                    [str(py_spy), "record", "--pid", str(proc.pid), "--format", "raw",
+                     *PY_SPY_FLAGS, "-o", str(outs[role])],
+                    dict(os.environ),
+                    self.workdir,
+                ).start()  # fmt: skip
+
+        try:
+            done, wall, rate = await self.profile_loop(cluster, attach)
+            failed = [role for role, spy in spies.items() if not spy.alive()]
+        finally:
+            for spy in spies.values():
+                await spy.stop(signal.SIGINT, timeout_s=60)
+        for role, path in outs.items():
+            if role in failed or not path.exists() or not path.stat().st_size:
+                self.notes.append(
+                    f"py-spy could not sample the {role}: {spies[role].log_tail(300)!r}"
+                )
+                return False
+        self.profile = {
+            "tasks": done,
+            "wall_s": wall,
+            "tasks_per_s": done / wall,
+            "rate": rate,
+            "tool": f"py-spy 0.4.3 `record --format raw {' '.join(PY_SPY_FLAGS)}` (only the "
+            "thread holding the GIL is sampled: the Python-level CPU; system calls made "
+            "with the GIL released, such as socket writes and epoll, are not in it: see the "
+            "system-time share in the first table)",
+            "unit": "samples",
+        }
+        for role, path in outs.items():
+            self.profile[role] = read_profile(path)
+        return True
+
+    async def cprofile_profile(self, spec: ClusterSpec) -> None:
+        """The fallback: the API and the worker run under cProfile, stopped by SIGINT."""
+        import pstats
+
+        pdir = self.workdir / "cprofile"
+        pdir.mkdir(exist_ok=True)
+        cluster = Cluster(
+            ClusterSpec(spec.deployment, spec.engine, cprofile_dir=pdir),
+            self.redis,
+            self.standin,
+            self.workdir,
+        )
+        try:
+            await cluster.start()
+            done, wall, rate = await self.profile_loop(cluster)
+        finally:
+            await cluster.stop()
+        self.profile = {
+            "tasks": done,
+            "wall_s": wall,
+            "tasks_per_s": done / wall,
+            "rate": rate,
+            "tool": "cProfile (`python -m cProfile -o`; deterministic: it slows the process "
+            "and inflates small calls; its whole life, start-up included)",
+            "unit": "ms",
+        }
+        for role, proc in (("api", cluster.apis[0]), ("worker", cluster.workers[0])):
+            path = pdir / f"{proc.name}.prof"
+            if not path.exists():
+                self.notes.append(f"cProfile wrote nothing for the {role}")
+                continue
+            stats = pstats.Stats(str(path)).stats  # type: ignore[attr-defined]
+            own = Counter[str]()
+            idle = 0.0
+            for (file, line, func), (_, _, tottime, _, _) in stats.items():
+                if "epoll" in func or "select" in func:  # waiting for I/O: wall time, idle
+                    idle += tottime
+                    continue
+                own[f"{func} ({short_path(file)}:{line})"] += tottime
+            packages = Counter[str]()
+            for name, t in own.items():
+                packages[package_of(name)] += t
+            total = sum(own.values())
+            self.profile[role] = {
+                "samples": round(1000 * total),
+                "idle_ms": round(1000 * idle),
+                "top": [(k, round(1000 * v, 1), share) for k, v, share in top_shares(own, 15)],
+                "packages": top_shares(packages, 12),
+            }
+
+    async def profile_run(self, spec: ClusterSpec, force_cprofile: bool) -> None:
+        if not force_cprofile:
+            cluster = Cluster(spec, self.redis, self.standin, self.workdir)
+            try:
+                await cluster.start()
+                ok = await self.py_spy_profile(cluster)
+            finally:
+                await cluster.stop()
+            if ok:
+                log(f"profile (py-spy): {self.profile['tasks_per_s']:.1f} tasks/s while sampled")
+                return
+            self.notes.append("profile: py-spy failed, cProfile instead")
+        await self.cprofile_profile(spec)
+        log(f"profile (cProfile): {self.profile['tasks_per_s']:.1f} tasks/s while profiled")
+
+    # --- redis-benchmark -------------------------------------------------------------
+
+    async def redis_benchmark(self) -> None:
+        if shutil.which("redis-benchmark") is None:
+            self.notes.append("redis-benchmark: not installed; left out")
+            return
+        port = str(self.redis.port)
+        runs = {
+            "SET": ["-n", "100000", "-q", "-t", "set"],
+            "GET": ["-n", "100000", "-q", "-t", "get"],
+            "XADD (one stream, MAXLEN ~ 10000)": ["-n", "100000", "-q", "xadd", "bench:stream",
+                                                  "MAXLEN", "~", "10000", "*", "f", "v"],
+            "EVAL (SET + GET)": ["-n", "100000", "-q", "eval",
+                     "redis.call('set', KEYS[1], ARGV[1]); return redis.call('get', KEYS[1])",
+                     "1", "bench:__rand_int__", "x"],
+            "EVAL (5 HSET + HLEN)": ["-n", "50000", "-q", "eval",
+                     "for i = 1, 5 do redis.call('hset', KEYS[1], 'f' .. i, ARGV[1]) end "
+                     "return redis.call('hlen', KEYS[1])", "1", "bh:__rand_int__", "x"],
+        }  # fmt: skip
+        out: dict[str, Any] = {"runs": {}, "load_start": load1()}
+        for name, args in runs.items():
+            cpu0 = cpu_by_role({"redis": [self.redis.proc.pid]})[0]["redis"]
+            t0 = time.monotonic()
+            proc = await asyncio.create_subprocess_exec(
+                "redis-benchmark", "-h", "127.0.0.1", "-p", port, *args,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                text = (await asyncio.wait_for(proc.communicate(), 300))[0].decode()
+            finally:
+                if proc.returncode is None:
+                    proc.kill()
+                    await proc.wait()
+            wall = time.monotonic() - t0
+            cpu = cpu_by_role({"redis": [self.redis.proc.pid]})[0]["redis"] - cpu0
+            rates = [
+                float(m[1])
+                for line in re.split(r"[\r\n]+", text)
+                if (m := re.search(r": ([\d.]+) requests per second", line))
+            ]
+            ops = int(args[args.index("-n") + 1]) * len(rates)
+            shown = " ".join(f'"{a}"' if " " in a or "*" in a else a for a in args)
+            out["runs"][name] = {
+                "command": f"redis-benchmark -p PORT {shown}",
+                "requests_per_s": rates[-1] if rates else float("nan"),
+                "wall_s": wall,
+                "redis_cpu_s": cpu,
+                "redis_us_per_op": 1e6 * cpu / ops if ops else float("nan"),
+            }
+            log(f"redis-benchmark {name}: {rates}")
+        out["load_end"] = load1()
+        self.redis_bench = out
+
+
+def read_profile(path: Path) -> dict[str, Any]:
+    """Own time (leaf frames) by function and by package from py-spy's raw output."""
+    own: Counter[str] = Counter()
+    packages: Counter[str] = Counter()
+    ponder_frames: Counter[str] = Counter()
+    total = 0
+    for line in path.read_text(errors="replace").splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not stack or not count.isdigit():
+            continue
+        n = int(count)
+        frames = stack.split(";")
+        own[frames[-1]] += n
+        packages[package_of(frames[-1])] += n
+        # the innermost frame of ponder's own code: which of its paths the time is under
+        inner = next((f for f in reversed(frames) if "(ponder/" in f), "(no ponder frame)")
+        ponder_frames[inner] += n
+        total += n
+    return {
+        "samples": total,
+        "top": top_shares(own, 15),
+        "packages": top_shares(packages, 12),
+        "ponder": top_shares(ponder_frames, 10),
+    }
+
+
+def top_shares(counter: Counter[str], k: int) -> list[tuple[str, float, float]]:
+    total = sum(counter.values())
+    return [(name, n, n / total) for name, n in counter.most_common(k)] if total else []
+
+
+def short_path(file: str) -> str:
+    """A source path as py-spy shortens it: from the package (or stdlib module) on."""
+    for marker in ("site-packages/", "/src/", "/lib/python3.11/", "/lib/python3/"):
+        if marker in file:
+            return file.split(marker, 1)[1]
+    return file
+
+
+def package_of(frame: str) -> str:
+    """'func (ponder/store/redis.py:12)' -> 'ponder.store'; 'f (httpx/_models.py:3)' ->
+    'httpx'; 'f (asyncio/events.py:80)' -> 'asyncio' (py-spy shortens the paths)."""
+    m = re.search(r"\((.*?):\d+\)$", frame)
+    if not m:
+        return frame
+    parts = m[1].split("/")
+    if parts[0] == "ponder" and len(parts) > 1:
+        return "ponder." + parts[1].removesuffix(".py")
+    return parts[0].removesuffix(".py")
+
+
+# --- arq, run by the peer virtualenv's interpreter -------------------------------------
+
+ARQ_WORKER = r"""
+import sys
+from arq.connections import RedisSettings
+from arq.worker import run_worker
+
+async def noop(ctx):
+    return None
+
+class WorkerSettings:
+    functions = [noop]
+    redis_settings = RedisSettings(host="127.0.0.1", port=int(sys.argv[1]))
+    max_jobs = int(sys.argv[2])
+    poll_delay = float(sys.argv[3])
+
+run_worker(WorkerSettings)
+"""
+
+ARQ_CLIENT = r"""
+import asyncio, json, os, sys, time
+from arq import create_pool
+from arq.connections import RedisSettings
+
+port, jobs, clients = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3])
+poll, warmup = float(sys.argv[4]), int(sys.argv[5])
+pids = [int(p) for p in sys.argv[6].split(",")]
+tck = os.sysconf("SC_CLK_TCK")
+
+def cpu(pid, children=True):
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    return sum(int(fields[i]) for i in ((11, 12, 13, 14) if children else (11, 12))) / tck
+
+async def run(pool, n):
+    indices = iter(range(n))
+    done, latency = 0, []
+
+    async def lane():
+        nonlocal done
+        for _ in indices:
+            t = time.monotonic()
+            job = await pool.enqueue_job("noop")
+            await job.result(timeout=120, poll_delay=poll)
+            latency.append(time.monotonic() - t)
+            done += 1
+
+    await asyncio.gather(*(lane() for _ in range(clients)))
+    return done, sorted(latency)
+
+async def main():
+    pool = await create_pool(RedisSettings(host="127.0.0.1", port=port))
+    await asyncio.wait_for(run(pool, warmup), 120)  # also: the worker is up
+    load0 = os.getloadavg()[0]
+    before = {p: cpu(p) for p in pids}
+    me = cpu(os.getpid(), children=False)
+    t0 = time.monotonic()
+    done, latency = await run(pool, jobs)
+    wall = time.monotonic() - t0
+    after = {p: cpu(p) for p in pids}
+    me = cpu(os.getpid(), children=False) - me
+    await pool.aclose()
+    pick = lambda q: latency[min(len(latency) - 1, round(q / 100 * (len(latency) - 1)))]
+    print(json.dumps({"done": done, "wall_s": wall, "client_cpu": me,
+                      "cpu": {str(p): after[p] - before[p] for p in pids},
+                      "p50_s": pick(50), "p99_s": pick(99),
+                      "load_start": load0, "load_end": os.getloadavg()[0]}))
+
+asyncio.run(main())
+"""
+
+
+# --- the run ---------------------------------------------------------------------------
+
+
+async def run_all(s: Settings, workdir: Path) -> Bench:
+    bench = Bench(s, workdir)
+    clusters: list[Cluster] = []
+
+    @contextlib.asynccontextmanager
+    async def cluster_of(spec: ClusterSpec) -> AsyncIterator[Cluster]:
+        cluster = Cluster(spec, bench.redis, bench.standin, workdir)
+        clusters.append(cluster)
+        try:
+            yield await cluster.start()
+        finally:
+            await cluster.stop()
+
+    have_arq = (ARQ_VENV / "bin" / "python").exists()
+    if not have_arq:
+        bench.notes.append("arq: the peer virtualenv .venv-arq is missing (make peer-arq)")
+    want = set(s.parts)
+    arq = have_arq and "arq" in want
+    try:
+        await bench.redis.start()
+        await bench.standin.start()
+        bench.notes.append(f"redis-server {await bench.redis.version()}")
+        if "cases" in want:
+            # the key comparison, interleaved: arq, ponder split scripted fast, arq
+            if arq:
+                await bench.arq_run("before")
+            async with cluster_of(ClusterSpec("split", "scripted")) as cluster:
+                await bench.case(cluster, "fast")
+                if arq:
+                    await bench.arq_run("after")
+                await bench.case(cluster, "standard-5")
+            async with cluster_of(ClusterSpec("split", "openai")) as cluster:
+                await bench.case(cluster, "fast")
+                await bench.case(cluster, "standard-5")
+            for engine in ("scripted", "openai"):
+                async with cluster_of(ClusterSpec("embedded", engine)) as cluster:
+                    await bench.case(cluster, "fast")
+                    await bench.case(cluster, "standard-5")
+        elif arq:
+            await bench.arq_run("alone")
+        if "capacity" in want:
+            # the openai engine in front of the stand-in, more clients than its slots
+            async with cluster_of(ClusterSpec("split", "openai")) as cluster:
+                await capacity(bench, cluster)
+        if "scale" in want:
+            # interleaved: 1+1, 2+2, 1+1, 2+2
+            for _ in range(s.scale_rounds):
+                for n in (1, 2):
+                    async with cluster_of(ClusterSpec("split", "scripted", n, n)) as cluster:
+                        await scale_case(bench, cluster)
+        if "profile" in want:
+            await bench.profile_run(ClusterSpec("split", "scripted"), s.cprofile)
+        if "redis-benchmark" in want:
+            await bench.redis_benchmark()
+    finally:
+        for cluster in clusters:
+            await cluster.stop()
+        await bench.standin.proc.stop()
+        await bench.redis.stop()
+        await Proc.stop_all()
+    return bench
+
+
+async def capacity(bench: Bench, cluster: Cluster) -> None:
+    s = bench.s
+    client = Client(cluster.urls, s.poll_s)
+    try:
+        await bench.warm(client, "fast")
+        before = await bench.standin.stats()
+
+        async def run() -> tuple[list[TaskResult], float]:
+            start = bench.next_indices(s.capacity_tasks)
+            return await closed_loop(
+                client, "fast", s.capacity_tasks, s.capacity_clients, start
+            ), math.nan
+
+        phase, _ = await bench.measure(cluster, client, "fast", "capacity", run)
+        after = await bench.standin.stats()
+    finally:
+        await client.aclose()
+    phase.extra.update(
+        clients=s.capacity_clients,
+        standin_capacity_per_s=bench.standin.capacity,
+        standin_served=after["served"] - before["served"],
+        standin_peak=after["peak"],
+        ratio_whole=phase.tasks_per_s / bench.standin.capacity,
+        ratio_steady=phase.steady_per_s / bench.standin.capacity,
+    )
+
+
+async def scale_case(bench: Bench, cluster: Cluster) -> None:
+    s = bench.s
+    client = Client(cluster.urls, s.poll_s)
+    try:
+        await bench.warm(client, "fast")
+
+        async def run() -> tuple[list[TaskResult], float]:
+            start = bench.next_indices(s.tasks)
+            return await closed_loop(client, "fast", s.tasks, s.clients, start), math.nan
+
+        phase, _ = await bench.measure(cluster, client, "fast", "scale-out", run)
+    finally:
+        await client.aclose()
+    phase.extra["apis"], phase.extra["workers"] = cluster.spec.apis, cluster.spec.workers
+    phase.extra["per_process_ms"] = {
+        "api": phase.cpu_ms_per_task["api"] / cluster.spec.apis,
+        "worker": phase.cpu_ms_per_task["worker"] / cluster.spec.workers,
+    }
+
+
+# --- the report ------------------------------------------------------------------------
+
+
+def machine() -> dict[str, Any]:
+    model = "?"
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    return {
+        "platform": platform.platform(),
+        "cpu": model,
+        "cores": os.cpu_count(),
+        "python": platform.python_version(),
+    }
+
+
+def checkout(rev: str, into: Path) -> str:
+    """``git archive`` of ``rev``'s src/ under ``into``; its short commit hash."""
+    commit = subprocess.run(
+        ["git", "-C", str(ROOT), "rev-parse", "--short", f"{rev}^{{commit}}"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    into.mkdir(parents=True)
+    archive = subprocess.run(
+        ["git", "-C", str(ROOT), "archive", commit, "src"], capture_output=True, check=True
+    ).stdout
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive, check=True)
+    return commit
+
+
+def code_version() -> str:
+    try:
+        head = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+        dirty = subprocess.run(
+            ["git", "-C", str(ROOT), "status", "--porcelain", "src"],
+            capture_output=True, text=True, check=True,
+        ).stdout.strip()  # fmt: skip
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+    return head + (" + uncommitted changes in src/" if dirty else "")
+
+
+def f2(x: float) -> str:
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else f"{x:.2f}"
+
+
+def ms(x: float) -> str:
+    return "n/a" if math.isnan(x) else f"{1000 * x:.0f}"
+
+
+def service_sys(p: Phase) -> float:
+    """The share of the service's CPU time spent in the kernel (stime)."""
+    system = sum(v for k, v in p.sys_ms_per_task.items() if k not in ("client", "stand-in"))
+    return system / p.service_ms if p.service_ms else math.nan
+
+
+def find(bench: Bench, deployment: str, engine: str, mode: str, loop: str) -> Phase | None:
+    for p in bench.phases:
+        if (p.deployment, p.engine, p.mode, p.loop) == (deployment, engine, mode, loop):
+            return p
+    return None
+
+
+def verdict(ok: bool | None) -> str:
+    return "n/a" if ok is None else ("**met**" if ok else "**missed**")
+
+
+def goals(bench: Bench) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+
+    def row(goal: str, measured: str, met: bool) -> None:
+        rows.append({"goal": goal, "measured": measured, "met": met})
+
+    sf = find(bench, "split", "scripted", "fast", "closed")
+    of = find(bench, "split", "openai", "fast", "closed")
+    s5 = find(bench, "split", "scripted", "standard-5", "closed")
+    o5 = find(bench, "split", "openai", "standard-5", "closed")
+    for phase, engine, limit in ((sf, "scripted", 2.5), (of, "openai", 4.0)):
+        if phase:
+            row(
+                f"fast task, {engine}, split: CPU per task (ponder + redis) <= {limit:g} ms",
+                f"{phase.service_ms:.2f} ms",
+                phase.service_ms <= limit,
+            )
+    for fast, five, engine in ((sf, s5, "scripted"), (of, o5, "openai")):
+        if fast and five:
+            ratio = five.service_ms / fast.service_ms
+            row(
+                f"standard-5 <= 2x fast ({engine}, split)",
+                f"{five.service_ms:.2f} / {fast.service_ms:.2f} ms = {ratio:.2f}x",
+                ratio <= 2.0,
+            )
+    cap = next((p for p in bench.phases if p.loop == "capacity"), None)
+    if cap:
+        r, e = cap.extra["ratio_steady"], cap.extra
+        row(
+            ">= 0.9x the stand-in's capacity (openai, split)",
+            f"{cap.steady_per_s:.1f} of {e['standin_capacity_per_s']:.0f} tasks/s = {r:.2f}x "
+            f"(whole window incl. ramp and tail: {e['ratio_whole']:.2f}x)",
+            r >= 0.9,
+        )
+    if sf and bench.arq:
+        arq_total = sum(a["total_ms"] for a in bench.arq) / len(bench.arq)
+        ratio = sf.service_ms / arq_total
+        row(
+            "ponder's CPU per task <= 2x arq's no-op job (ponder api + worker + redis vs arq "
+            "client + worker + redis)",
+            f"{sf.service_ms:.2f} / {arq_total:.2f} ms = {ratio:.2f}x",
+            ratio <= 2.0,
+        )
+    return rows
+
+
+def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
+    s = bench.s
+    L: list[str] = []
+    add = L.append
+    add("# Service overhead: CPU per task (issue #23)")
+    add("")
+    add(f"Command: `{meta['command']}`; {meta['date']}; code {meta['code']}.")
+    m = meta["machine"]
+    add(
+        f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, Python {m['python']}; "
+        f"{'; '.join(bench.notes)}."
+    )
+    add(
+        f"Load average (1 min) at start / end of the run: {meta['load_start']:.2f} / "
+        f"{meta['load_end']:.2f} (a shared 2-core machine: each table gives its own phase's "
+        "load at start -> end). Run time: "
+        f"{meta['wall_s'] / 60:.1f} min."
+    )
+    add("")
+    add(
+        "**CPU per task** = user + system CPU time (`utime + stime` from `/proc/<pid>/stat`, "
+        "plus reaped children's) of every ponder process and its children (`ponder api` + "
+        "`ponder worker`, or `ponder serve`) and of this run's own redis-server, over the "
+        "measured window, divided by the tasks finished `done` in it. *service* = ponder + "
+        "redis-server; *client* = the benchmark's client process (not ponder's cost); "
+        "*total* = both. The stand-in's CPU is not counted (reported in the JSON)."
+    )
+    add("")
+    add(
+        f"Client: {s.clients} asyncio tasks on one event loop in the benchmark's process, one "
+        f"httpx client (keep-alive); each submits `POST /v1/tasks`, then polls "
+        f"`GET /v1/tasks/{{id}}` every {s.poll_s * 1000:.0f} ms until the task ends, then "
+        f"submits the next: a closed loop of {s.tasks} tasks per case after {s.warmup} "
+        "warm-up tasks (its tasks/s is the saturation rate; with "
+        f"{s.clients} clients and {s.poll_s * 1000:.0f} ms polls it can never exceed "
+        f"{s.clients / s.poll_s:.0f} tasks/s). Fast = `mode=fast` (1 sample); standard-5 = "
+        "`mode=standard, samples=5, early_stop=false` (all 5 samples run). Scripted engine: "
+        "`PONDER_ENGINE=scripted`, `PONDER_SCRIPTED_STEP_MS=0,0` (12 words a sample, 0 ms a "
+        "step). openai engine: `PONDER_ENGINE=openai` in front of a stand-in "
+        "OpenAI-compatible server (plain asyncio HTTP in its own process, every request "
+        f"answered after {s.standin_delay_s:g} s, at most {s.standin_slots} at once: capacity "
+        f"{bench.standin.capacity:.0f} requests/s; a task's 5 samples go as one request "
+        "with n=5). Every other setting is ponder's default "
+        "(`PONDER_LOG_LEVEL=WARNING`, no API keys)."
+    )
+    add("")
+    add("## CPU per task at saturation (closed loop)")
+    add("")
+    add("ms of CPU per finished task; api/worker columns hold `ponder serve` for embedded.")
+    add("")
+    add(
+        "| case | tasks done | tasks/s | api | worker | redis-server | **service** | of it "
+        "system time | client | total | samples/task | polls/task | load |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for p in bench.phases:
+        if p.loop != "closed":
+            continue
+        c = p.cpu_ms_per_task
+        api = c.get("api", c.get("serve", math.nan))
+        add(
+            f"| {p.case} | {p.done}/{p.tasks} | {p.tasks_per_s:.1f} | {f2(api)} | "
+            f"{f2(c.get('worker', math.nan))} | {f2(c.get('redis', math.nan))} | "
+            f"**{p.service_ms:.2f}** | {service_sys(p):.0%} | {c['client']:.2f} | "
+            f"{p.total_ms:.2f} | "
+            f"{p.samples_per_task:.1f} | {p.polls_per_task:.1f} | "
+            f"{p.load_start:.2f} -> {p.load_end:.2f} |"
+        )
+    add("")
+    add(
+        "For reference, the issue's figures before the work (split, 600 fast tasks, 16 "
+        "polling clients): scripted 5.2 ms (redis 0.4), 250 tasks/s; openai 7.7 ms "
+        "(redis 0.4), 149 tasks/s."
+    )
+    add("")
+    add("## Latency under open-loop load")
+    add("")
+    add(
+        f"Poisson arrivals at {', '.join(f'{x:.0%}' for x in s.loads)} of the case's "
+        f"saturated rate, {s.tasks} tasks each. *client* = submit sent -> a poll saw the "
+        f"task end (includes up to {s.poll_s * 1000:.0f} ms of polling); *server* = the "
+        "task's `created_at` -> `finished_at`."
+    )
+    add("")
+    add(
+        "| case | load | offered /s | done /s | client p50 / p99 ms | server p50 / p99 ms | "
+        "service ms/task | client ms/task | load avg |"
+    )
+    add("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    for p in bench.phases:
+        if not p.loop.startswith(("open", "closed")):
+            continue
+        offered = "closed" if p.loop == "closed" else f"{p.offered_per_s:.1f}"
+        add(
+            f"| {p.case} | {p.loop} | {offered} | {p.tasks_per_s:.1f} | {ms(p.p50_s)} / "
+            f"{ms(p.p99_s)} | {ms(p.server_p50_s)} / {ms(p.server_p99_s)} | "
+            f"{p.service_ms:.2f} | {p.cpu_ms_per_task['client']:.2f} | "
+            f"{p.load_start:.2f} -> {p.load_end:.2f} |"
+        )
+    add("")
+    add(f"## arq {ARQ_VERSION}: a no-op job through the same redis-server")
+    add("")
+    add(
+        f"`.venv-arq` (`make peer-arq`). Worker: `run_worker` with `max_jobs={s.arq_max_jobs}`, "
+        f"`poll_delay={s.arq_poll_delay_s:g}` s (arq polls its queue; its default 0.5 s would "
+        "cap it far below ponder), no logging. Client: one process, "
+        f"{s.clients} asyncio tasks over one `create_pool`, each `enqueue_job('noop')` then "
+        f"`Job.result(poll_delay={s.poll_s:g})` (arq checks at once, then every "
+        f"{s.poll_s * 1000:.0f} ms), {s.arq_jobs} jobs after a warm-up. Measured right before "
+        "and right after ponder's split scripted fast case."
+    )
+    add("")
+    add(
+        "| run | jobs | jobs/s | worker | redis-server | client | worker + redis | "
+        "**total** | p50 / p99 ms | redis calls/job | load |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for a in bench.arq:
+        c = a["cpu_ms_per_job"]
+        calls = sum(a["redis_calls_per_job"].values())
+        add(
+            f"| {a['label']} | {a['done']} | {a['jobs_per_s']:.1f} | {c['worker']:.2f} | "
+            f"{c['redis']:.2f} | {c['client']:.2f} | {a['service_ms']:.2f} | "
+            f"**{a['total_ms']:.2f}** | {ms(a['p50_s'])} / {ms(a['p99_s'])} | {calls:.1f} | "
+            f"{a['load_start']:.2f} -> {a['load_end']:.2f} |"
+        )
+    add("")
+    add("## Goals (issue #23, requirement 2)")
+    add("")
+    add("| goal | measured | verdict |")
+    add("|---|---|---|")
+    for g in goals(bench):
+        add(f"| {g['goal']} | {g['measured']} | {verdict(g['met'])} |")
+    sf = find(bench, "split", "scripted", "fast", "closed")
+    if sf and bench.arq:
+        arq_service = sum(a["service_ms"] for a in bench.arq) / len(bench.arq)
+        arq_total = sum(a["total_ms"] for a in bench.arq) / len(bench.arq)
+        add("")
+        add(
+            "The arq comparison sets ponder's service (API + worker + redis-server) against "
+            "arq's whole path (client + worker + redis-server, the mean of its runs), as the "
+            "issue did: arq's client enqueues over Redis itself, the work ponder's API does "
+            f"for its users. Like for like: service only {sf.service_ms:.2f} vs "
+            f"{arq_service:.2f} ms ({sf.service_ms / arq_service:.1f}x); with each one's "
+            f"client {sf.total_ms:.2f} vs {arq_total:.2f} ms "
+            f"({sf.total_ms / arq_total:.1f}x)."
+        )
+    cap = next((p for p in bench.phases if p.loop == "capacity"), None)
+    if cap:
+        add("")
+        add("## Keeping the stand-in busy")
+        add("")
+        e = cap.extra
+        add(
+            f"Split, openai engine, fast tasks, {e['clients']} polling clients (closed loop, "
+            f"{cap.tasks} tasks), the stand-in at {s.standin_slots} requests at once x "
+            f"{s.standin_delay_s:g} s = {e['standin_capacity_per_s']:.0f} requests/s. "
+            f"Completed {cap.done} tasks in {cap.wall_s:.1f} s = {cap.tasks_per_s:.1f}/s "
+            f"({e['ratio_whole']:.2f}x, ramp and tail included); between the 10th and 90th "
+            f"percentile of completions {cap.steady_per_s:.1f}/s = **{e['ratio_steady']:.2f}x** "
+            f"the capacity. The stand-in served {e['standin_served']} requests, at most "
+            f"{e['standin_peak']} at once. CPU per task: service {cap.service_ms:.2f} ms "
+            f"(api {f2(cap.cpu_ms_per_task['api'])}, worker "
+            f"{f2(cap.cpu_ms_per_task['worker'])}, redis {f2(cap.cpu_ms_per_task['redis'])}), "
+            f"client {cap.cpu_ms_per_task['client']:.2f} ms; load {cap.load_start:.2f} -> "
+            f"{cap.load_end:.2f}."
+        )
+    render_scale(bench, add)
+    render_profile(bench, add)
+    if png is not None:
+        add("")
+        add(f"![CPU per task by case and process]({png.name})")
+    add("")
+    add("Raw figures: `overhead.json` beside this report.")
+    return "\n".join(L) + "\n"
+
+
+def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
+    scale = [p for p in bench.phases if p.loop == "scale-out"]
+    if not scale:
+        return
+    add("")
+    add("## Scale-out (requirement 3)")
+    add("")
+    add(
+        "`ponder api` has no `--workers` option: 2 APIs are two `ponder api` processes on "
+        "two ports, the client sending task *i* (its submit and its polls) to API *i* mod 2; "
+        "2 workers are two `ponder worker` processes; all over the one redis-server. Split, "
+        f"scripted, fast, closed loop of {bench.s.tasks} tasks, {bench.s.clients} clients; "
+        "runs interleaved (1+1, 2+2, ...)."
+    )
+    add("")
+    add(
+        "| APIs + workers | tasks/s | api (all) | worker (all) | redis-server | service | "
+        "per API process | per worker process | client | load |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    for p in scale:
+        c, e = p.cpu_ms_per_task, p.extra
+        add(
+            f"| {e['apis']}+{e['workers']} | {p.tasks_per_s:.1f} | {c['api']:.2f} | "
+            f"{c['worker']:.2f} | {c['redis']:.2f} | **{p.service_ms:.2f}** | "
+            f"{e['per_process_ms']['api']:.2f} | {e['per_process_ms']['worker']:.2f} | "
+            f"{c['client']:.2f} | {p.load_start:.2f} -> {p.load_end:.2f} |"
+        )
+    add("")
+    add("### Redis per task")
+    add("")
+    if bench.commandstats:
+        add(
+            "Commands redis-server ran per finished task (`INFO commandstats` over the closed "
+            "loop; `evalsha`/`eval` are ponder's Lua scripts), with redis-server's own time "
+            "per task by command (µs, its accounting):"
+        )
+        add("")
+        add("| case | commands/task | µs/task (commandstats) | top commands (calls/task) |")
+        add("|---|---:|---:|---|")
+        for case, st in bench.commandstats.items():
+            per = st["per_task"]
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
+            add(
+                f"| {case} | {sum(per.values()):.1f} | {sum(st['usec_per_task'].values()):.0f} | "
+                + ", ".join(f"{k} {v:.1f}" for k, v in top)
+                + " |"
+            )
+        for a in bench.arq[:1]:
+            per = a["redis_calls_per_job"]
+            top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
+            add(
+                f"| arq no-op job | {sum(per.values()):.1f} | | "
+                + ", ".join(f"{k} {v:.1f}" for k, v in top)
+                + " |"
+            )
+    rb = bench.redis_bench
+    if rb:
+        add("")
+        add(
+            "`redis-benchmark` against the same redis-server (50 connections, its default; "
+            "the tool shares the 2 cores with the server), requests/s and redis-server's CPU "
+            f"per operation (load {rb['load_start']:.2f} -> {rb['load_end']:.2f}):"
+        )
+        add("")
+        add("| operation | command | requests/s | redis-server CPU µs/op |")
+        add("|---|---|---:|---:|")
+        for name, r in rb["runs"].items():
+            add(
+                f"| {name} | `{r['command']}` | {r['requests_per_s']:,.0f} | "
+                f"{r['redis_us_per_op']:.1f} |"
+            )
+    sf = find(bench, "split", "scripted", "fast", "closed")
+    of = find(bench, "split", "openai", "fast", "closed")
+    cap = next((p for p in bench.phases if p.loop == "capacity"), None)
+    if sf:
+        add("")
+        add("### On paper")
+        add("")
+        add(on_paper(bench, sf, of, cap))
+
+
+def on_paper(bench: Bench, sf: Phase, of: Phase | None, cap: Phase | None) -> str:
+    """How many worker hosts one Redis core feeds, from redis-server's CPU per task."""
+    shape = of or sf  # the openai engine is the shape of a deployment in front of GPUs
+    redis_ms = shape.cpu_ms_per_task["redis"]
+    per_core = 1000 / redis_ms if redis_ms > 0 else math.inf
+    text = (
+        f"redis-server spent {sf.cpu_ms_per_task['redis']:.2f} ms of CPU per fast task in the "
+        "split scripted case"
+        + (f" and {of.cpu_ms_per_task['redis']:.2f} ms in the split openai case" if of else "")
+        + f" (every task polled every {bench.s.poll_s * 1000:.0f} ms through the API). Redis "
+        f"runs commands on one thread, so one Redis core carries about {per_core:,.0f} tasks/s "
+        f"of the {shape.engine} shape ({1000 / sf.cpu_ms_per_task['redis']:,.0f} of the "
+        "scripted one)."
+    )
+    stats = bench.commandstats.get(shape.case)
+    simple = bench.redis_bench.get("runs", {}).get("SET")
+    if stats and simple:
+        n = sum(stats["per_task"].values())
+        text += (
+            f" Cross-check: {n:.0f} commands per task (`INFO commandstats`) x "
+            f"{simple['redis_us_per_op']:.1f} µs of redis-server CPU per SET under "
+            f"redis-benchmark = {n * simple['redis_us_per_op'] / 1000:.2f} ms (Lua scripts "
+            "cost more than a SET)."
+        )
+    worker_ms, api_ms = shape.cpu_ms_per_task["worker"], shape.cpu_ms_per_task["api"]
+    rates = [20.0]
+    if cap is not None:
+        rates.insert(0, cap.extra["standin_capacity_per_s"])
+    for rate in rates:
+        text += (
+            f" With worker hosts whose model server completes {rate:.0f} tasks/s each, one "
+            f"Redis core feeds ~{per_core / rate:,.0f} hosts on paper; each host's "
+            f"`ponder worker` then spends {rate * worker_ms / 1000:.2f} cores and the API tier "
+            f"{rate * api_ms / 1000:.2f} cores per host."
+        )
+    text += (
+        " Past that: several Redis instances (ponder does not shard its keys across "
+        "instances today) or fewer commands per task."
+    )
+    return text
+
+
+def render_profile(bench: Bench, add: Callable[[str], None]) -> None:
+    pr = bench.profile
+    if not pr:
+        return
+    unit = pr["unit"]
+    add("")
+    add("## Where ponder's time goes (split, scripted, fast)")
+    add("")
+    add(
+        f"{pr['tool']}, on the API and the worker while {pr['tasks']} fast tasks arrive "
+        f"open-loop at {pr['rate']:.1f}/s (50 % of the case's saturated rate, so that the "
+        f"processes seldom wait for a core; {pr['tasks_per_s']:.1f} tasks/s done; a run of "
+        "its own, none of the measured ones). Own time "
+        + (
+            "= samples whose innermost Python frame is the function (time in C code called "
+            "from it counts there)"
+            if unit == "samples"
+            else "= cProfile's tottime"
+        )
+        + "; share of the process's total."
+    )
+    for role in ("api", "worker"):
+        prof = pr.get(role)
+        if not prof:
+            continue
+        add("")
+        idle = prof.get("idle_ms")
+        left = f"; {idle} ms waiting in epoll/select left out" if idle is not None else ""
+        add(f"### {role} ({prof['samples']} {unit}{left})")
+        add("")
+        add(f"| # | function (file:first line) | own {unit} | share |")
+        add("|---:|---|---:|---:|")
+        for k, (name, n, share) in enumerate(prof["top"], 1):
+            add(f"| {k} | `{name}` | {n} | {share:.1%} |")
+        add("")
+        add(
+            "By package (own time): "
+            + ", ".join(f"{name} {share:.0%}" for name, _, share in prof["packages"])
+            + "."
+        )
+        if prof.get("ponder"):
+            add("")
+            add(
+                "By the innermost frame of ponder's own code on the stack (which ponder "
+                "function the time is spent under, libraries included): "
+                + ", ".join(f"`{name}` {share:.0%}" for name, _, share in prof["ponder"])
+                + "."
+            )
+
+
+def plot(bench: Bench, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    bars: list[tuple[str, dict[str, float]]] = []
+    for p in bench.phases:
+        if p.loop == "closed":
+            c = p.cpu_ms_per_task
+            parts = {
+                "api / serve": c.get("api", c.get("serve", 0.0)),
+                "worker": c.get("worker", 0.0),
+                "redis-server": c.get("redis", 0.0),
+                "client": c["client"],
+            }
+            label = p.case.replace(", ", "\n", 1).replace("standard-5", "std-5")
+            bars.append((label, parts))
+    for a in bench.arq:
+        c = a["cpu_ms_per_job"]
+        bars.append(
+            (
+                f"arq no-op\n({a['label']})",
+                {"api / serve": 0.0, "worker": c["worker"], "redis-server": c["redis"],
+                 "client": c["client"]},
+            )
+        )  # fmt: skip
+    colors = {"api / serve": "#4c72b0", "worker": "#dd8452", "redis-server": "#c44e52",
+              "client": "#bbbbbb"}  # fmt: skip
+    fig, ax = plt.subplots(figsize=(max(8, 1.1 * len(bars)), 5))
+    xs = range(len(bars))
+    bottom = [0.0] * len(bars)
+    for part, color in colors.items():
+        values = [b[1][part] for b in bars]
+        ax.bar(xs, values, bottom=bottom, color=color, label=part,
+               hatch="//" if part == "client" else None, edgecolor="white")  # fmt: skip
+        bottom = [b + v for b, v in zip(bottom, values, strict=True)]
+    for x, (_, parts) in zip(xs, bars, strict=True):
+        service = sum(v for k, v in parts.items() if k != "client")
+        ax.text(x, sum(parts.values()) + 0.1, f"{service:.1f}", ha="center", fontsize=8)
+    ax.axhline(2.5, color="green", ls="--", lw=1, label="goal: scripted fast 2.5 ms")
+    ax.axhline(4.0, color="purple", ls=":", lw=1, label="goal: openai fast 4 ms")
+    ax.set_xticks(list(xs), [b[0] for b in bars], fontsize=7)
+    ax.set_ylabel("CPU ms per task (closed loop)")
+    ax.set_title("ponder's CPU per task by process (number: service = ponder + redis-server)")
+    ax.legend(fontsize=8, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+# --- main ------------------------------------------------------------------------------
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tasks", type=int, default=None, help="tasks per measured case (600)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: ~60 tasks a case")
+    p.add_argument("--clients", type=int, default=16)
+    p.add_argument("--poll-ms", type=float, default=50.0)
+    p.add_argument("--arq-jobs", type=int, default=None, help="arq jobs per run (2000)")
+    p.add_argument("--arq-poll-delay-ms", type=float, default=10.0)
+    p.add_argument("--arq-max-jobs", type=int, default=16)
+    p.add_argument("--standin-delay", type=float, default=0.2, help="seconds a request")
+    p.add_argument("--standin-slots", type=int, default=16, help="requests at once")
+    p.add_argument("--capacity-clients", type=int, default=64)
+    p.add_argument("--scale-rounds", type=int, default=None, help="1+1 / 2+2 rounds (2)")
+    p.add_argument("--cprofile", action="store_true", help="profile with cProfile, not py-spy")
+    p.add_argument(
+        "--only",
+        default=",".join(PARTS),
+        help=f"comma-separated parts to run (for development; default all: {','.join(PARTS)})",
+    )
+    p.add_argument(
+        "--at-commit",
+        metavar="REV",
+        help="run ponder from this commit's src/ (a git archive), not the working tree's",
+    )
+    p.add_argument("--out", type=Path, default=None, help="report path without suffix")
+    return p.parse_args(argv)
+
+
+async def amain(args: argparse.Namespace) -> int:
+    tasks = args.tasks or (60 if args.quick else 600)
+    s = Settings(
+        tasks=tasks,
+        clients=args.clients,
+        poll_s=args.poll_ms / 1000,
+        warmup=max(2 * args.clients, tasks // 10),
+        arq_jobs=args.arq_jobs or (200 if args.quick else 2000),
+        arq_poll_delay_s=args.arq_poll_delay_ms / 1000,
+        arq_max_jobs=args.arq_max_jobs,
+        standin_delay_s=args.standin_delay,
+        standin_slots=args.standin_slots,
+        capacity_clients=args.capacity_clients,
+        capacity_tasks=2 * tasks,
+        profile_tasks=2 * tasks,
+        scale_rounds=args.scale_rounds or (1 if args.quick else 2),
+        cprofile=args.cprofile,
+        parts=tuple(part for part in args.only.split(",") if part),
+    )
+    if unknown := set(s.parts) - set(PARTS):
+        raise SystemExit(f"--only: unknown parts {sorted(unknown)}; choose from {PARTS}")
+    out = args.out or (
+        Path(tempfile.gettempdir()) / "overhead-quick" if args.quick else RESULTS / "overhead"
+    )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    meta: dict[str, Any] = {
+        "command": " ".join(["python", "bench/overhead.py", *sys.argv[1:]]),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
+        "code": code_version(),
+        "machine": machine(),
+        "load_start": load1(),
+        "settings": asdict(s),
+    }
+    t0 = time.monotonic()
+    workdir = Path(tempfile.mkdtemp(prefix="ponder-overhead-"))
+    if args.at_commit:
+        global PONDER_SRC
+        commit = checkout(args.at_commit, workdir / "checkout")
+        PONDER_SRC = workdir / "checkout" / "src"
+        meta["code"] = f"{commit} (its src/, by git archive: `--at-commit`)"
+    try:
+        bench = await run_all(s, workdir)
+    except BaseException:
+        log(f"failed; logs kept in {workdir}")
+        raise
+    meta["load_end"] = load1()
+    meta["wall_s"] = time.monotonic() - t0
+    png = out.with_suffix(".png")
+    plot(bench, png)
+    report = render(bench, meta, png)
+    out.with_suffix(".md").write_text(report)
+    raw = {
+        **meta,
+        "notes": bench.notes,
+        "phases": [asdict(p) for p in bench.phases],
+        "arq": bench.arq,
+        "profile": bench.profile,
+        "redis_commandstats": bench.commandstats,
+        "redis_benchmark": bench.redis_bench,
+        "goals": goals(bench),
+    }
+    out.with_suffix(".json").write_text(json.dumps(raw, indent=1, default=str) + "\n")
+    shutil.rmtree(workdir, ignore_errors=True)
+    log(f"wrote {out.with_suffix('.md')}, .png, .json")
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    return asyncio.run(amain(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
