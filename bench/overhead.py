@@ -1908,6 +1908,12 @@ async def amain(args: argparse.Namespace) -> int:
         "load_start": load1(),
         "settings": asdict(s),
     }
+    # SIGTERM and SIGINT (ignored in background jobs otherwise) cancel the run: the
+    # finally blocks then stop every process it started
+    task = asyncio.current_task()
+    assert task is not None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        asyncio.get_running_loop().add_signal_handler(sig, task.cancel)
     t0 = time.monotonic()
     workdir = Path(tempfile.mkdtemp(prefix="ponder-overhead-"))
     if args.at_commit:
@@ -1944,7 +1950,11 @@ async def amain(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
-    return asyncio.run(amain(args))
+    try:
+        return asyncio.run(amain(args))
+    except asyncio.CancelledError:
+        log("stopped by a signal; every process it started is stopped")
+        return 130
 
 
 if __name__ == "__main__":
