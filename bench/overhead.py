@@ -174,6 +174,14 @@ def cpu_by_role(roles: dict[str, list[int]]) -> tuple[dict[str, float], dict[str
     return out, sys_out
 
 
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine has been busy (all cores; /proc/stat), niced included."""
+    with open("/proc/stat") as f:
+        fields = [int(x) for x in f.readline().split()[1:]]
+    user, nice, system, _idle, _iowait, irq, softirq, steal = fields[:8]
+    return (user + nice + system + irq + softirq + steal) / CLK_TCK
+
+
 @dataclass
 class Window:
     """CPU seconds by role (and their system part) and wall time over a measured window."""
@@ -187,9 +195,13 @@ class Window:
     sys_s: dict[str, float] = field(default_factory=dict)
     wall_s: float = 0.0
     load_end: float = 0.0
+    busy0: float = 0.0
+    #: cores busy with work other than the measured processes and the client, on average
+    other_cores: float = 0.0
 
     def start(self) -> Window:
         self.load0 = load1()
+        self.busy0 = machine_busy_s()
         self.cpu0, self.sys0 = cpu_by_role(self.roles)
         self.t0 = time.monotonic()
         return self
@@ -199,6 +211,8 @@ class Window:
         cpu1, sys1 = cpu_by_role(self.roles)
         self.cpu_s = {k: cpu1[k] - self.cpu0[k] for k in cpu1}
         self.sys_s = {k: sys1[k] - self.sys0[k] for k in sys1}
+        busy = machine_busy_s() - self.busy0
+        self.other_cores = max(0.0, busy - sum(self.cpu_s.values())) / self.wall_s
         self.load_end = load1()
         return self
 
@@ -631,6 +645,7 @@ class Phase:
     samples_per_task: float
     load_start: float
     load_end: float
+    other_cores: float
     offered_per_s: float = float("nan")
     steady_per_s: float = float("nan")
     extra: dict[str, Any] = field(default_factory=dict)
@@ -678,6 +693,7 @@ def summarize(
         samples_per_task=sum(r.samples_done for r in done) / n,
         load_start=window.load0,
         load_end=window.load_end,
+        other_cores=window.other_cores,
         offered_per_s=offered,
         steady_per_s=steady,
     )
@@ -788,7 +804,8 @@ class Bench:
             f"{phase.tasks_per_s:.1f}/s, service {phase.service_ms:.2f} ms/task "
             f"({', '.join(f'{k} {v:.2f}' for k, v in ms.items())}), "
             f"p50 {phase.p50_s * 1000:.0f} ms p99 {phase.p99_s * 1000:.0f} ms, "
-            f"load {phase.load_start:.2f}->{phase.load_end:.2f}"
+            f"load {phase.load_start:.2f}->{phase.load_end:.2f}, other work "
+            f"{phase.other_cores:.2f} cores"
         )
         return phase, stats
 
@@ -887,7 +904,8 @@ class Bench:
             f"arq ({label}): {result['done']} jobs, {result['jobs_per_s']:.1f}/s, "
             f"{result['total_ms']:.2f} ms/job (worker {ms['worker']:.2f}, redis "
             f"{ms['redis']:.2f}, client {ms['client']:.2f}), load "
-            f"{result['load_start']:.2f}->{result['load_end']:.2f}"
+            f"{result['load_start']:.2f}->{result['load_end']:.2f}, other work "
+            f"{result['other_cores']:.2f} cores"
         )
         return result
 
@@ -1168,6 +1186,11 @@ poll, warmup = float(sys.argv[4]), int(sys.argv[5])
 pids = [int(p) for p in sys.argv[6].split(",")]
 tck = os.sysconf("SC_CLK_TCK")
 
+def busy():
+    with open("/proc/stat") as f:
+        v = [int(x) for x in f.readline().split()[1:9]]
+    return (sum(v[:3]) + sum(v[5:8])) / tck
+
 def cpu(pid, children=True):
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
@@ -1195,16 +1218,19 @@ async def main():
     load0 = os.getloadavg()[0]
     before = {p: cpu(p) for p in pids}
     me = cpu(os.getpid(), children=False)
+    busy0 = busy()
     t0 = time.monotonic()
     done, latency = await run(pool, jobs)
     wall = time.monotonic() - t0
     after = {p: cpu(p) for p in pids}
     me = cpu(os.getpid(), children=False) - me
+    ours = me + sum(after[p] - before[p] for p in pids)
+    other = max(0.0, busy() - busy0 - ours) / wall
     await pool.aclose()
     pick = lambda q: latency[min(len(latency) - 1, round(q / 100 * (len(latency) - 1)))]
     print(json.dumps({"done": done, "wall_s": wall, "client_cpu": me,
                       "cpu": {str(p): after[p] - before[p] for p in pids},
-                      "p50_s": pick(50), "p99_s": pick(99),
+                      "p50_s": pick(50), "p99_s": pick(99), "other_cores": other,
                       "load_start": load0, "load_end": os.getloadavg()[0]}))
 
 asyncio.run(main())
@@ -1490,13 +1516,19 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
     add("")
     add("## CPU per task at saturation (closed loop)")
     add("")
-    add("ms of CPU per finished task; api/worker columns hold `ponder serve` for embedded.")
+    add(
+        "ms of CPU per finished task; api/worker columns hold `ponder serve` for embedded. "
+        "*load*: 1-minute load average at the window's start -> end; *other work*: cores "
+        "busy over the window (`/proc/stat`, niced work included) beyond the measured "
+        "processes and the client, i.e. the stand-in and anything else on the machine."
+    )
     add("")
     add(
         "| case | tasks done | tasks/s | api | worker | redis-server | **service** | of it "
-        "system time | client | total | samples/task | polls/task | load |"
+        "system time | client | total | samples/task | polls/task | load | other work "
+        "(cores) |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for p in bench.phases:
         if p.loop != "closed":
             continue
@@ -1508,7 +1540,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"**{p.service_ms:.2f}** | {service_sys(p):.0%} | {c['client']:.2f} | "
             f"{p.total_ms:.2f} | "
             f"{p.samples_per_task:.1f} | {p.polls_per_task:.1f} | "
-            f"{p.load_start:.2f} -> {p.load_end:.2f} |"
+            f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
         )
     add("")
     add(
@@ -1528,9 +1560,9 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
     add("")
     add(
         "| case | load | offered /s | done /s | client p50 / p99 ms | server p50 / p99 ms | "
-        "service ms/task | client ms/task | load avg |"
+        "service ms/task | client ms/task | load avg | other work (cores) |"
     )
-    add("|---|---|---:|---:|---:|---:|---:|---:|---|")
+    add("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
     for p in bench.phases:
         if not p.loop.startswith(("open", "closed")):
             continue
@@ -1539,7 +1571,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"| {p.case} | {p.loop} | {offered} | {p.tasks_per_s:.1f} | {ms(p.p50_s)} / "
             f"{ms(p.p99_s)} | {ms(p.server_p50_s)} / {ms(p.server_p99_s)} | "
             f"{p.service_ms:.2f} | {p.cpu_ms_per_task['client']:.2f} | "
-            f"{p.load_start:.2f} -> {p.load_end:.2f} |"
+            f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
         )
     add("")
     add(f"## arq {ARQ_VERSION}: a no-op job through the same redis-server")
@@ -1556,9 +1588,9 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
     add("")
     add(
         "| run | jobs | jobs/s | worker | redis-server | client | worker + redis | "
-        "**total** | p50 / p99 ms | redis calls/job | load |"
+        "**total** | p50 / p99 ms | redis calls/job | load | other work (cores) |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for a in bench.arq:
         c = a["cpu_ms_per_job"]
         calls = sum(a["redis_calls_per_job"].values())
@@ -1566,7 +1598,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"| {a['label']} | {a['done']} | {a['jobs_per_s']:.1f} | {c['worker']:.2f} | "
             f"{c['redis']:.2f} | {c['client']:.2f} | {a['service_ms']:.2f} | "
             f"**{a['total_ms']:.2f}** | {ms(a['p50_s'])} / {ms(a['p99_s'])} | {calls:.1f} | "
-            f"{a['load_start']:.2f} -> {a['load_end']:.2f} |"
+            f"{a['load_start']:.2f} -> {a['load_end']:.2f} | {a['other_cores']:.2f} |"
         )
     add("")
     add("## Goals (issue #23, requirement 2)")
@@ -1636,16 +1668,17 @@ def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
     add("")
     add(
         "| APIs + workers | tasks/s | api (all) | worker (all) | redis-server | service | "
-        "per API process | per worker process | client | load |"
+        "per API process | per worker process | client | load | other work (cores) |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
     for p in scale:
         c, e = p.cpu_ms_per_task, p.extra
         add(
             f"| {e['apis']}+{e['workers']} | {p.tasks_per_s:.1f} | {c['api']:.2f} | "
             f"{c['worker']:.2f} | {c['redis']:.2f} | **{p.service_ms:.2f}** | "
             f"{e['per_process_ms']['api']:.2f} | {e['per_process_ms']['worker']:.2f} | "
-            f"{c['client']:.2f} | {p.load_start:.2f} -> {p.load_end:.2f} |"
+            f"{c['client']:.2f} | {p.load_start:.2f} -> {p.load_end:.2f} | "
+            f"{p.other_cores:.2f} |"
         )
     add("")
     add("### Redis per task")
