@@ -15,6 +15,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
+import uvloop
 from rich import box
 from rich.columns import Columns
 from rich.console import Console, RenderableType
@@ -221,7 +222,7 @@ def worker(
         )
         raise typer.Exit(EXIT_USAGE)
     try:
-        asyncio.run(_run_worker(settings, workers))
+        uvloop.run(_run_worker(settings, workers))  # as uvicorn runs the API's loop
     except ConfigError as e:
         err_console.print(f"[red]error:[/red] {e}")
         raise typer.Exit(EXIT_USAGE) from e

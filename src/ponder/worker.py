@@ -368,6 +368,8 @@ class TaskRun:
         self.strategy: Strategy
         #: tokens spent outside the samples (the clarifying question)
         self._extra = Tokens()
+        #: events of the last sample boundary, written with the task's end (one write less)
+        self._last_events: list[tuple[str, dict[str, Any]]] = []
         self._deltas = DeltaPublisher(
             self.store, claim.task_id, self.settings.delta_interval_ms / 1000
         )
@@ -460,7 +462,8 @@ class TaskRun:
 
     async def _run_samples(self) -> None:
         """Run the queued samples, the strategy's window of them at a time, until they end,
-        the vote is decided or the deadline passes; save after every finished sample."""
+        the vote is decided or the deadline passes; save after every finished sample (the
+        last boundary's events are written with the task's end, :meth:`_end`)."""
         task, strategy = self.task, self.strategy
         deadline = self._deadline()
         queued = [s for s in task.samples if s.status == SampleStatus.queued]
@@ -502,7 +505,10 @@ class TaskRun:
                     # (or hanging) sample does not hold back the next ones
                     launch(wave - len(jobs))
                 self._count()
-                await self._save(events)
+                if jobs or queued:
+                    await self._save(events)
+                else:  # the last boundary: its events go with the end's write
+                    self._last_events = events
         finally:
             await self._end_jobs(jobs)
             await asyncio.gather(*stopped, return_exceptions=True)
@@ -540,9 +546,13 @@ class TaskRun:
         return events
 
     async def _off_loop(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
-        """Run a vote function in a thread on a snapshot of the samples: answer
-        equivalence (math-verify) can take a while and must not block the event loop."""
+        """Run a vote function on a snapshot of the samples, in a thread when it may compare
+        answers: equivalence (math-verify) can take a while and must not block the event
+        loop. With fewer than two distinct answers there is nothing to compare, and the
+        thread's hand-off would cost more than the call (a fast task's every boundary)."""
         snapshot = [s.model_copy() for s in self.task.samples]
+        if len({s.answer for s in snapshot if s.answer is not None}) < 2:
+            return fn(snapshot, *args, **kwargs)
         return await asyncio.to_thread(fn, snapshot, *args, **kwargs)
 
     def _ran(self) -> int:
@@ -651,6 +661,9 @@ class TaskRun:
                 )
             return
         if fusion.contested:
+            if self._last_events:  # the question takes a model call: show the samples first
+                await self._save(self._last_events)
+                self._last_events = []
             fusion.result.clarification = await self._clarify(fusion.contested)
         fusion.result.samples_saved, fusion.result.tokens_saved = self.strategy.saved(task.samples)
         self._count()
@@ -690,5 +703,6 @@ class TaskRun:
         check_transition(task.status, status)
         task.status = status
         task.finished_at = utcnow()
-        await self._save([(EventName.result, task.to_public())])
+        events, self._last_events = self._last_events, []
+        await self._save([*events, (EventName.result, task.to_public())])
         metrics.TASKS_FINISHED.labels(status=status.value).inc()

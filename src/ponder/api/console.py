@@ -18,12 +18,11 @@ from __future__ import annotations
 
 from functools import cache
 from importlib import resources
-from typing import Annotated
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, RedirectResponse, Response
 
-from ponder.api.deps import AppState, get_state
+from ponder.api.deps import State
 from ponder.api.errors import ApiError
 from ponder.schemas import TaskCreate
 from ponder.states import STATUS_EVENTS, TERMINAL
@@ -85,7 +84,7 @@ async def root() -> RedirectResponse:
 
 
 @router.get("/console/config.json")
-async def console_config(state: Annotated[AppState, Depends(get_state)]) -> JSONResponse:
+async def console_config(state: State) -> JSONResponse:
     """What the page must know before its first API call: whether it needs a key, and the
     service's names (:data:`NAMES`)."""
     return JSONResponse({"auth": bool(state.settings.api_keys), **NAMES}, headers=_HEADERS)

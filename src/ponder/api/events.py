@@ -33,7 +33,7 @@ from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketState
 
-from ponder.api.deps import AppState, check_rate, get_owner, get_state, rate_limit
+from ponder.api.deps import AppState, Owner, State, check_rate, get_owner, rate_limit
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
@@ -166,8 +166,6 @@ async def _sse_stream(
         log.warning("events of task %s: %s", task_id, e)
 
 
-State = Annotated[AppState, Depends(get_state)]
-Owner = Annotated[str, Depends(get_owner)]
 Deltas = Annotated[bool, Query(description="include `delta` events (the text of running samples)")]
 
 

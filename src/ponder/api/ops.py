@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ponder import metrics
-from ponder.api.deps import AppState, get_state
+from ponder.api.deps import State
 from ponder.errors import RecoverableError
 
 __all__ = ["router"]
@@ -22,7 +22,7 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(state: AppState = Depends(get_state)) -> JSONResponse:
+async def readyz(state: State) -> JSONResponse:
     """200 when the store answers and at least one worker is alive, else 503."""
     store_ok = await state.store.ping()
     workers = 0
@@ -44,7 +44,7 @@ async def readyz(state: AppState = Depends(get_state)) -> JSONResponse:
 
 
 @router.get("/metrics")
-async def prometheus_metrics(state: AppState = Depends(get_state)) -> Response:
+async def prometheus_metrics(state: State) -> Response:
     """Prometheus text format."""
     try:
         depths = await state.store.queue_depths()

@@ -27,12 +27,12 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Depends, Request
 
 from ponder import metrics
-from ponder.api.deps import AppState, get_owner, get_state, rate_limit
+from ponder.api.deps import Owner, State, rate_limit
 from ponder.types import TaskStatus
 
 if TYPE_CHECKING:
@@ -143,8 +143,8 @@ def _runtime_figures(runtime: WorkerRuntime, history: _History) -> dict[str, Any
 @router.get("/overview")
 async def overview(
     request: Request,
-    state: Annotated[AppState, Depends(get_state)],
-    _owner: Annotated[str, Depends(get_owner)],
+    state: State,
+    _owner: Owner,
 ) -> dict[str, Any]:
     """Queue depth per priority, live workers and — where this process runs workers — the
     tasks running, the engine's rows, tokens/s and tasks finished per status."""

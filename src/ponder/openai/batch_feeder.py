@@ -158,7 +158,7 @@ class BatchFeeder:
         room = self.settings.batch_max_in_flight - sum(
             len(obj.data["state"]["in_flight"]) for obj, _ in batches
         )
-        if room > 0 and await self._interactive_below_share():
+        if batches and room > 0 and await self._interactive_below_share():
             for obj, _ in batches:
                 room -= await self._admit(obj, room)
         for obj, read in batches:
