@@ -123,7 +123,7 @@ soak: install-dev
 
 ## The service's own CPU per task (ponder processes + redis-server, from /proc), split and
 ## embedded, scripted and openai engines; arq's no-op job beside it; a profile; scale-out
-## (bench/results/overhead.md, ~15 min on 2 cores).
+## (bench/results/overhead.md, ~10 min on 2 cores).
 bench-overhead: install-dev peer-arq
 	$(PY) bench/overhead.py
 

@@ -33,8 +33,10 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    over them: ``ponder api`` has no ``--workers``) + 2 workers, interleaved; the Redis
    commands per task (``INFO commandstats``), ``redis-benchmark`` on the same machine, and
    what one Redis core carries on paper.
-5. **Capacity**: the openai engine in front of the stand-in with ``--capacity-clients``
-   (64) clients, completed tasks/s against the stand-in's capacity (slots / 0.2 s).
+5. **Capacity**: the openai engine in front of a stand-in of its own whose capacity is
+   below what ponder feeds on 2 cores (``--capacity-slots`` 8 at once x 0.2 s = 40
+   requests/s), ``--capacity-clients`` (3 x slots) polling clients: completed tasks/s
+   against that capacity.
 
 ``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
 temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
@@ -471,6 +473,7 @@ class Cluster:
         Cluster.count += 1
         self.spec = spec
         self.redis = redis
+        self.standin = standin
         self.workdir = workdir
         self.prefix = f"ovh{Cluster.count}"
         settings: dict[str, object] = {"engine": spec.engine, "scripted_step_ms": "0,0"}
@@ -743,6 +746,7 @@ class Settings:
     arq_max_jobs: int
     standin_delay_s: float
     standin_slots: int
+    capacity_slots: int
     capacity_clients: int
     capacity_tasks: int
     profile_tasks: int
@@ -758,6 +762,8 @@ class Bench:
         self.workdir = workdir
         self.redis = Redis(workdir)
         self.standin = StandIn(workdir, s.standin_delay_s, s.standin_slots)
+        #: the capacity test's stand-in: fewer slots, a capacity below what ponder feeds
+        self.capacity_standin = StandIn(workdir, s.standin_delay_s, s.capacity_slots)
         self.index = 0  # task numbering across the run (distinct prompts)
         self.phases: list[Phase] = []
         self.arq: list[dict[str, Any]] = []
@@ -776,7 +782,7 @@ class Bench:
     ) -> tuple[Phase, dict[str, tuple[int, float]] | None]:
         roles = cluster.roles()
         if cluster.spec.engine == "openai":
-            roles["stand-in"] = [self.standin.proc.pid]
+            roles["stand-in"] = [cluster.standin.proc.pid]
         split = cluster.spec.deployment == "split"
         stats0 = await self.redis.commandstats() if split else None
         window = Window(roles).start()
@@ -1245,8 +1251,10 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
     clusters: list[Cluster] = []
 
     @contextlib.asynccontextmanager
-    async def cluster_of(spec: ClusterSpec) -> AsyncIterator[Cluster]:
-        cluster = Cluster(spec, bench.redis, bench.standin, workdir)
+    async def cluster_of(
+        spec: ClusterSpec, standin: StandIn | None = None
+    ) -> AsyncIterator[Cluster]:
+        cluster = Cluster(spec, bench.redis, standin or bench.standin, workdir)
         clusters.append(cluster)
         try:
             yield await cluster.start()
@@ -1261,6 +1269,8 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
     try:
         await bench.redis.start()
         await bench.standin.start()
+        if "capacity" in want:
+            await bench.capacity_standin.start()
         bench.notes.append(f"redis-server {await bench.redis.version()}")
         if "cases" in want:
             # the key comparison, interleaved: arq, ponder split scripted fast, arq
@@ -1282,7 +1292,9 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
             await bench.arq_run("alone")
         if "capacity" in want:
             # the openai engine in front of the stand-in, more clients than its slots
-            async with cluster_of(ClusterSpec("split", "openai")) as cluster:
+            async with cluster_of(
+                ClusterSpec("split", "openai"), bench.capacity_standin
+            ) as cluster:
                 await capacity(bench, cluster)
         if "scale" in want:
             # interleaved: 1+1, 2+2, 1+1, 2+2
@@ -1298,6 +1310,7 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
         for cluster in clusters:
             await cluster.stop()
         await bench.standin.proc.stop()
+        await bench.capacity_standin.proc.stop()
         await bench.redis.stop()
         await Proc.stop_all()
     return bench
@@ -1308,7 +1321,7 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
     client = Client(cluster.urls, s.poll_s)
     try:
         await bench.warm(client, "fast")
-        before = await bench.standin.stats()
+        before = await cluster.standin.stats()
 
         async def run() -> tuple[list[TaskResult], float]:
             start = bench.next_indices(s.capacity_tasks)
@@ -1317,16 +1330,16 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
             ), math.nan
 
         phase, _ = await bench.measure(cluster, client, "fast", "capacity", run)
-        after = await bench.standin.stats()
+        after = await cluster.standin.stats()
     finally:
         await client.aclose()
     phase.extra.update(
         clients=s.capacity_clients,
-        standin_capacity_per_s=bench.standin.capacity,
+        standin_capacity_per_s=cluster.standin.capacity,
         standin_served=after["served"] - before["served"],
         standin_peak=after["peak"],
-        ratio_whole=phase.tasks_per_s / bench.standin.capacity,
-        ratio_steady=phase.steady_per_s / bench.standin.capacity,
+        ratio_whole=phase.tasks_per_s / cluster.standin.capacity,
+        ratio_steady=phase.steady_per_s / cluster.standin.capacity,
     )
 
 
@@ -1382,6 +1395,21 @@ def checkout(rev: str, into: Path) -> str:
     return commit
 
 
+def package_versions() -> dict[str, str]:
+    """Versions of the libraries on ponder's hot paths in this virtualenv (optional
+    accelerators such as httptools, uvloop, hiredis, orjson change the figures)."""
+    from importlib import metadata
+
+    out = {}
+    for name in ("fastapi", "starlette", "pydantic", "uvicorn", "httptools", "uvloop",
+                 "redis", "hiredis", "orjson", "httpx"):  # fmt: skip
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            out[name] = "absent"
+    return out
+
+
 def code_version() -> str:
     try:
         head = subprocess.run(
@@ -1403,6 +1431,11 @@ def f2(x: float) -> str:
 
 def ms(x: float) -> str:
     return "n/a" if math.isnan(x) else f"{1000 * x:.0f}"
+
+
+def rate_of(bench: Bench, deployment: str, engine: str, mode: str) -> float | None:
+    phase = find(bench, deployment, engine, mode, "closed")
+    return phase.tasks_per_s if phase else None
 
 
 def service_sys(p: Phase) -> float:
@@ -1479,6 +1512,11 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
     add(
         f"Machine: {m['platform']}, {m['cpu']}, {m['cores']} cores, Python {m['python']}; "
         f"{'; '.join(bench.notes)}."
+    )
+    add(
+        "Libraries (ponder's virtualenv): "
+        + ", ".join(f"{k} {v}" for k, v in meta["packages"].items())
+        + "."
     )
     add(
         f"Load average (1 min) at start / end of the run: {meta['load_start']:.2f} / "
@@ -1629,13 +1667,20 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
         e = cap.extra
         add(
             f"Split, openai engine, fast tasks, {e['clients']} polling clients (closed loop, "
-            f"{cap.tasks} tasks), the stand-in at {s.standin_slots} requests at once x "
+            f"{cap.tasks} tasks), a stand-in of its own at {s.capacity_slots} requests at once x "
             f"{s.standin_delay_s:g} s = {e['standin_capacity_per_s']:.0f} requests/s. "
             f"Completed {cap.done} tasks in {cap.wall_s:.1f} s = {cap.tasks_per_s:.1f}/s "
             f"({e['ratio_whole']:.2f}x, ramp and tail included); between the 10th and 90th "
             f"percentile of completions {cap.steady_per_s:.1f}/s = **{e['ratio_steady']:.2f}x** "
             f"the capacity. The stand-in served {e['standin_served']} requests, at most "
-            f"{e['standin_peak']} at once. CPU per task: service {cap.service_ms:.2f} ms "
+            f"{e['standin_peak']} at once"
+            + (
+                f" (for scale: the split openai fast closed loop above completed "
+                f"{of_rate:.1f} tasks/s with its 16 clients)"
+                if (of_rate := rate_of(bench, "split", "openai", "fast"))
+                else ""
+            )
+            + f". CPU per task: service {cap.service_ms:.2f} ms "
             f"(api {f2(cap.cpu_ms_per_task['api'])}, worker "
             f"{f2(cap.cpu_ms_per_task['worker'])}, redis {f2(cap.cpu_ms_per_task['redis'])}), "
             f"client {cap.cpu_ms_per_task['client']:.2f} ms; load {cap.load_start:.2f} -> "
@@ -1891,7 +1936,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--arq-max-jobs", type=int, default=16)
     p.add_argument("--standin-delay", type=float, default=0.2, help="seconds a request")
     p.add_argument("--standin-slots", type=int, default=16, help="requests at once")
-    p.add_argument("--capacity-clients", type=int, default=64)
+    p.add_argument(
+        "--capacity-slots",
+        type=int,
+        default=8,
+        help="the capacity test's stand-in: requests at once (8 x 0.2 s: 40/s)",
+    )
+    p.add_argument(
+        "--capacity-clients", type=int, default=None, help="capacity test clients (3 x slots)"
+    )
     p.add_argument("--scale-rounds", type=int, default=None, help="1+1 / 2+2 rounds (2)")
     p.add_argument("--cprofile", action="store_true", help="profile with cProfile, not py-spy")
     p.add_argument(
@@ -1920,7 +1973,8 @@ async def amain(args: argparse.Namespace) -> int:
         arq_max_jobs=args.arq_max_jobs,
         standin_delay_s=args.standin_delay,
         standin_slots=args.standin_slots,
-        capacity_clients=args.capacity_clients,
+        capacity_clients=args.capacity_clients or 3 * args.capacity_slots,
+        capacity_slots=args.capacity_slots,
         capacity_tasks=2 * tasks,
         profile_tasks=2 * tasks,
         scale_rounds=args.scale_rounds or (1 if args.quick else 2),
@@ -1938,6 +1992,7 @@ async def amain(args: argparse.Namespace) -> int:
         "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "code": code_version(),
         "machine": machine(),
+        "packages": package_versions(),
         "load_start": load1(),
         "settings": asdict(s),
     }
