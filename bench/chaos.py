@@ -40,7 +40,6 @@ import json
 import os
 import platform
 import random
-import socket
 import sys
 import tempfile
 import time
@@ -54,19 +53,14 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+from procs import Proc, free_port, percentile
+
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 TERMINAL = {"done", "partial_done", "failed", "cancelled"}
 
 
 # --- processes ----------------------------------------------------------------------
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 class RedisProc:
@@ -114,58 +108,10 @@ class RedisProc:
         self.proc = None
 
 
-class PonderProc:
-    """A ``ponder`` process (``api``, or a worker through ``--as-worker``)."""
-
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], logdir: Path):
-        self.name = name
-        self.argv = list(argv)
-        self.env = env
-        self.log_path = logdir / f"{name}.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def start(self) -> PonderProc:
-        with self.log_path.open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv,
-                env={**os.environ, **self.env},
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=log,
-            )
-        return self
-
-    def log_tail(self, chars: int = 2000) -> str:
-        return self.log_path.read_text(errors="replace")[-chars:]
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    async def kill(self) -> None:
-        if self.alive():
-            assert self.proc is not None
-            self.proc.kill()
-            await self.proc.wait()
-
-    async def terminate(self, timeout_s: float = 30) -> int | None:
-        if self.proc is None:
-            return None
-        if self.proc.returncode is None:
-            self.proc.terminate()
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except TimeoutError:
-                self.proc.kill()
-                await self.proc.wait()
-        return self.proc.returncode
-
-
 def ponder_env(redis_url: str, prefix: str, **settings: object) -> dict[str, str]:
-    env = {
+    """This environment with ponder's settings for the run."""
+    env = dict(os.environ)
+    env |= {
         "PONDER_REDIS_URL": redis_url,
         "PONDER_KEY_PREFIX": prefix,
         "PONDER_ENGINE": "scripted",
@@ -228,14 +174,6 @@ def run_as_worker(engine_log: str) -> None:
 
 
 # --- helpers ------------------------------------------------------------------------
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 def environment() -> str:
@@ -410,7 +348,7 @@ async def submit_all(run: Run, c: httpx.AsyncClient, rng: random.Random) -> None
 
 async def chaos_monkey(
     run: Run,
-    workers: list[PonderProc],
+    workers: list[Proc],
     start_worker: Any,
     rng: random.Random,
     redis_url: str,
@@ -652,19 +590,17 @@ async def main(args: argparse.Namespace) -> int:
             "engine_max_rows": 32,
             "shutdown_grace_s": 5,
         }
-        api = PonderProc(
-            "api", api_argv(port), ponder_env(redis_server.url, prefix, node_id="api1"), tmp
-        )
-        workers: list[PonderProc] = []
+        api = Proc("api", api_argv(port), ponder_env(redis_server.url, prefix, node_id="api1"), tmp)
+        workers: list[Proc] = []
         engine_logs: list[Path] = []
         serial = iter(range(1, 10_000))
 
-        async def start_worker() -> PonderProc:
+        async def start_worker() -> Proc:
             n = next(serial)
             log = tmp / f"engine-w{n}.log"
             engine_logs.append(log)
             env = ponder_env(redis_server.url, prefix, node_id=f"w{n}", **common)
-            return await PonderProc(f"w{n}", worker_argv(log), env, tmp).start()
+            return await Proc(f"w{n}", worker_argv(log), env, tmp).start()
 
         run = Run(args, url=url)
         try:
@@ -699,8 +635,8 @@ async def main(args: argparse.Namespace) -> int:
         finally:
             codes = {}
             for w in workers:
-                codes[w.name] = await w.terminate()
-            codes["api"] = await api.terminate()
+                codes[w.name] = await w.stop(timeout_s=30)
+            codes["api"] = await api.stop(timeout_s=30)
             await redis_server.kill()
         report = render(
             run, final, audit, work, codes, version,

@@ -33,7 +33,6 @@ import math
 import os
 import platform
 import random
-import socket
 import statistics
 import subprocess
 import sys
@@ -57,6 +56,7 @@ from ponder.config import Settings, load_settings  # noqa: E402
 from ponder.engines.base import SampleOutput, SampleRequest  # noqa: E402
 from ponder.engines.scripted import ScriptedEngine  # noqa: E402
 from ponder.errors import EngineBusy  # noqa: E402
+from procs import STAND_IN, free_port  # noqa: E402  (the stand-in OpenAI server)
 
 RESULTS = ROOT / "bench" / "results"
 SEED = 20261201
@@ -307,44 +307,7 @@ async def essay_section(base: Settings, repeats: int) -> list[str]:
 
 # --- OpenAI engine against a stand-in server --------------------------------------------
 
-STAND_IN = """
-import asyncio, sys
-import uvicorn
-from fastapi import FastAPI
-delay, limit = float(sys.argv[2]), int(sys.argv[3])
-app = FastAPI()
-gate = asyncio.Semaphore(limit)
-state = {"now": 0, "peak": 0, "served": 0}
-@app.post("/v1/chat/completions")
-async def complete(body: dict) -> dict:
-    async with gate:
-        state["now"] += 1
-        state["peak"] = max(state["peak"], state["now"])
-        try:
-            await asyncio.sleep(delay)
-        finally:
-            state["now"] -= 1
-        state["served"] += 1
-    n = int(body.get("n", 1))
-    return {"object": "chat.completion", "model": body.get("model"),
-            "choices": [{"index": i, "finish_reason": "stop",
-                         "message": {"role": "assistant", "content": "The answer is 4."}}
-                        for i in range(n)],
-            "usage": {"prompt_tokens": 10, "completion_tokens": 5 * n}}
-@app.get("/stats")
-async def stats() -> dict:
-    return state
-uvicorn.run(app, host="127.0.0.1", port=int(sys.argv[1]), log_level="warning")
-"""
-
-
 UNPOOLED = httpx.Limits(max_connections=None, max_keepalive_connections=None)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def openai_section(base: Settings, tasks: int, delay_s: float) -> list[str]:

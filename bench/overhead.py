@@ -60,7 +60,6 @@ import random
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -69,10 +68,12 @@ from collections import Counter
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import httpx
 import redis.asyncio as aioredis
+
+from procs import STAND_IN, Proc, free_port, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -95,20 +96,6 @@ def log(message: str) -> None:
 
 def load1() -> float:
     return os.getloadavg()[0]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def percentile(values: Sequence[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    ordered = sorted(values)
-    k = min(len(ordered) - 1, max(0, round(q / 100 * (len(ordered) - 1))))
-    return ordered[k]
 
 
 # --- CPU time from /proc ---------------------------------------------------------------
@@ -219,61 +206,7 @@ class Window:
         return self
 
 
-# --- processes -------------------------------------------------------------------------
-
-
-class Proc:
-    """A subprocess of this run; every one is stopped in ``stop_all`` at the end."""
-
-    running: ClassVar[list[Proc]] = []
-
-    def __init__(self, name: str, argv: Sequence[str], env: dict[str, str], logdir: Path):
-        self.name = name
-        self.argv = list(argv)
-        self.env = env
-        self.log_path = logdir / f"{name}.log"
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def pid(self) -> int:
-        assert self.proc is not None
-        return self.proc.pid
-
-    async def start(self, stdout: int | None = asyncio.subprocess.DEVNULL) -> Proc:
-        with self.log_path.open("ab") as logf:
-            self.proc = await asyncio.create_subprocess_exec(
-                *self.argv, env=self.env, stdout=stdout, stderr=logf
-            )
-        Proc.running.append(self)
-        return self
-
-    def alive(self) -> bool:
-        return self.proc is not None and self.proc.returncode is None
-
-    def log_tail(self, chars: int = 1500) -> str:
-        with contextlib.suppress(OSError):
-            return self.log_path.read_text(errors="replace")[-chars:]
-        return ""
-
-    async def stop(self, sig: int = signal.SIGTERM, timeout_s: float = 20) -> None:
-        if self.proc is None:
-            return
-        if self.proc.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                self.proc.send_signal(sig)
-            try:
-                await asyncio.wait_for(self.proc.wait(), timeout_s)
-            except TimeoutError:
-                with contextlib.suppress(ProcessLookupError):
-                    self.proc.kill()
-                await self.proc.wait()
-        with contextlib.suppress(ValueError):
-            Proc.running.remove(self)
-
-    @classmethod
-    async def stop_all(cls) -> None:
-        for p in list(reversed(cls.running)):
-            await p.stop(timeout_s=10)
+# --- processes (procs.py: free_port, Proc, the stand-in's STAND_IN) --------------------
 
 
 async def until(
@@ -338,70 +271,10 @@ class Redis:
         await self.proc.stop()
 
 
-# A stand-in OpenAI-compatible server: plain asyncio HTTP/1.1 (keep-alive, Content-Length
-# bodies), so that its own CPU stays small; every request is answered after DELAY seconds,
-# at most SLOTS at once (the others wait in line): capacity SLOTS / DELAY requests/s.
-STAND_IN = r"""
-import asyncio, json, sys
-port, delay, slots = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
-gate = asyncio.Semaphore(slots)
-state = {"now": 0, "peak": 0, "served": 0, "choices": 0}
-
-def answer(body):
-    n = int(body.get("n") or 1)
-    state["choices"] += n
-    return json.dumps({
-        "id": "chatcmpl-stand-in", "object": "chat.completion", "model": body.get("model"),
-        "choices": [{"index": i, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": "The answer is 4."}}
-                    for i in range(n)],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5 * n,
-                  "total_tokens": 10 + 5 * n}}).encode()
-
-async def handle(reader, writer):
-    try:
-        while True:
-            head = await reader.readuntil(b"\r\n\r\n")
-            lines = head.decode("latin-1").split("\r\n")
-            path = lines[0].split(" ")[1]
-            length = 0
-            for line in lines[1:]:
-                name, _, value = line.partition(":")
-                if name.strip().lower() == "content-length":
-                    length = int(value)
-            body = await reader.readexactly(length) if length else b""
-            if path.endswith("/chat/completions"):
-                async with gate:
-                    state["now"] += 1
-                    state["peak"] = max(state["peak"], state["now"])
-                    try:
-                        await asyncio.sleep(delay)
-                    finally:
-                        state["now"] -= 1
-                    state["served"] += 1
-                payload, status = answer(json.loads(body)), b"200 OK"
-            elif path == "/stats":
-                payload, status = json.dumps(state).encode(), b"200 OK"
-            else:
-                payload, status = b'{"error": "not found"}', b"404 Not Found"
-            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
-                         b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
-            await writer.drain()
-    except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):
-        pass
-    finally:
-        writer.close()
-
-async def main():
-    server = await asyncio.start_server(handle, "127.0.0.1", port, backlog=1024)
-    async with server:
-        await server.serve_forever()
-
-asyncio.run(main())
-"""
-
-
 class StandIn:
+    """The stand-in OpenAI-compatible server (``procs.STAND_IN``) in a subprocess: every
+    request answered after ``delay_s``, at most ``slots`` at once."""
+
     def __init__(self, logdir: Path, delay_s: float, slots: int) -> None:
         self.port = free_port()
         self.delay_s, self.slots = delay_s, slots
@@ -1696,6 +1569,18 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
     return "\n".join(L) + "\n"
 
 
+def commands_row(case: str, per_task: dict[str, float], usec_per_task: float | None) -> str:
+    """A row of the Redis-per-task table: Redis commands per task (or job) in all, the
+    server's own µs per task (an empty cell if None), the 8 most called commands."""
+    top = sorted(per_task.items(), key=lambda kv: -kv[1])[:8]
+    usec = "" if usec_per_task is None else f"{usec_per_task:.0f} "
+    return (
+        f"| {case} | {sum(per_task.values()):.1f} | {usec}| "
+        + ", ".join(f"{k} {v:.1f}" for k, v in top)
+        + " |"
+    )
+
+
 def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
     scale = [p for p in bench.phases if p.loop == "scale-out"]
     if not scale:
@@ -1738,21 +1623,9 @@ def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
         add("| case | commands/task | µs/task (commandstats) | top commands (calls/task) |")
         add("|---|---:|---:|---|")
         for case, st in bench.commandstats.items():
-            per = st["per_task"]
-            top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
-            add(
-                f"| {case} | {sum(per.values()):.1f} | {sum(st['usec_per_task'].values()):.0f} | "
-                + ", ".join(f"{k} {v:.1f}" for k, v in top)
-                + " |"
-            )
+            add(commands_row(case, st["per_task"], sum(st["usec_per_task"].values())))
         for a in bench.arq[:1]:
-            per = a["redis_calls_per_job"]
-            top = sorted(per.items(), key=lambda kv: -kv[1])[:8]
-            add(
-                f"| arq no-op job | {sum(per.values()):.1f} | | "
-                + ", ".join(f"{k} {v:.1f}" for k, v in top)
-                + " |"
-            )
+            add(commands_row("arq no-op job", a["redis_calls_per_job"], None))
     rb = bench.redis_bench
     if rb:
         add("")
