@@ -63,6 +63,11 @@ class Proc:
     def alive(self) -> bool:
         return self.proc is not None and self.proc.returncode is None
 
+    async def wait(self) -> int:
+        """Its exit code, once it exits."""
+        assert self.proc is not None
+        return await self.proc.wait()
+
     def log_tail(self, chars: int = 1500) -> str:
         with contextlib.suppress(OSError):
             return self.log_path.read_text(errors="replace")[-chars:]
