@@ -929,6 +929,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--engine-threads", type=int, default=1)
     parser.add_argument("--in-flight", type=int, default=3, help="problems run at once")
+    parser.add_argument(
+        "--redo",
+        choices=("standard", "deep"),
+        default=None,
+        help="collect: run this mode again where a record's run is of an older method "
+        "revision (quality_collect.REVISION)",
+    )
     parser.add_argument("--peer-limit", type=int, default=100)
     parser.add_argument("--live-limit", type=int, default=20)
     parser.add_argument("--write-calibration", action="store_true")

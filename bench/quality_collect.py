@@ -40,6 +40,11 @@ SEED_STRIDE = 1_000_003
 #: standard: greedy + 8 sampled; replays of N = 1..9 take prefixes of this list
 STANDARD_SAMPLES = 9
 DEEP_SAMPLES = 5
+#: the method revision of each mode's run; ``collect --redo MODE`` runs that mode again
+#: for every record whose run is older. deep 2 (2026-12-03): paths cot, pot, decompose
+#: (was cot, decompose, pot) and the program-of-thought instruction repeated after the
+#: question (``AnswerType.reminder_for``)
+REVISION = {"standard": 1, "deep": 2}
 TEMPERATURE = 0.5
 DEEP_TEMPERATURE = 0.4
 #: ``easy``: small arithmetic, fixed before any scored run, so that a 135M model is
@@ -165,14 +170,30 @@ def problem_ids(seed: int, position: int) -> tuple[str, str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a checkpoint; a torn last line (a killed run) is ignored."""
-    records = []
+    """The records of a checkpoint, the last one of each problem (a redo appends a new
+    record); a torn line (a killed run) is ignored."""
+    records: dict[str, dict[str, Any]] = {}
     if not path.exists():
-        return records
+        return []
     for line in path.read_text().splitlines():
         with contextlib.suppress(json.JSONDecodeError):
-            records.append(json.loads(line))
-    return records
+            record = json.loads(line)
+            records[record["key"]] = record
+    return list(records.values())
+
+
+def compact(path: Path) -> None:
+    """Rewrite the checkpoint with one record per problem (after a redo)."""
+    records = read_records(path)
+    if len(records) < len(path.read_text().splitlines()):
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
+        tmp.replace(path)
+
+
+def revision(record: dict[str, Any], mode: str) -> int:
+    """The method revision of a record's run of ``mode`` (records before revisions: 1)."""
+    return int(record["runs"][mode].get("revision", 1))
 
 
 def append_record(path: Path, record: dict[str, Any]) -> None:
@@ -243,19 +264,26 @@ async def collect(args: Any) -> int:
     problems = scorer.problems()
     checkpoint: Path = args.checkpoint
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
-    done = {r["key"] for r in read_records(checkpoint)}
-    todo = [(pos, p) for pos, p in enumerate(problems) if p.key not in done]
+    done = {r["key"]: r for r in read_records(checkpoint)}
+    redo = getattr(args, "redo", None)
+    todo = [
+        (pos, p, done.get(p.key))
+        for pos, p in enumerate(problems)
+        if p.key not in done or (redo and revision(done[p.key], redo) < REVISION[redo])
+    ]
     print(
         f"{args.model}: {len(problems)} problems (seed {args.seed}), {len(done)} in "
-        f"{checkpoint}, {len(todo)} to run; {load_avg()}",
+        f"{checkpoint}, {len(todo)} to run{f' (redo: {redo})' if redo else ''}; {load_avg()}",
         flush=True,
     )
     if not todo:
+        compact(checkpoint)
         return 0
     started = time.monotonic()
     async with running_service(args, "ponder-quality-") as (settings, store):
         print(f"engine ready in {time.monotonic() - started:.0f}s", flush=True)
         await _collect(args, settings, store, todo, checkpoint, started)
+    compact(checkpoint)
     return 0
 
 
@@ -282,25 +310,32 @@ async def _collect(
     args: Any,
     settings: Any,
     store: Any,
-    todo: list[tuple[int, Problem]],
+    todo: list[tuple[int, Problem, dict[str, Any] | None]],
     checkpoint: Path,
     started: float,
 ) -> None:
     from ponder.admission import build_task
     from ponder.schemas import TaskCreate
+    from ponder.store.records import Admission
 
     log_path = checkpoint.with_suffix(".log")
     start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
     append_record(log_path, {"start": start, "load_start": load_avg()})
     problems_done = 0
 
-    async def one(pos: int, problem: Problem) -> dict[str, Any]:
+    async def one(pos: int, problem: Problem, old: dict[str, Any] | None) -> dict[str, Any]:
+        """The problem's record; with ``old`` (a redo), only the runs of an older revision
+        run again."""
         t0 = time.monotonic()
         ids = problem_ids(args.seed, pos)
-        runs: dict[str, Any] = {}
-        specs = (
-            ("standard", ids[0], STANDARD_SAMPLES, args.temperature),
-            ("deep", ids[1], DEEP_SAMPLES, args.deep_temperature),
+        runs: dict[str, Any] = dict(old["runs"]) if old else {}
+        specs = tuple(
+            spec
+            for spec in (
+                ("standard", ids[0], STANDARD_SAMPLES, args.temperature),
+                ("deep", ids[1], DEEP_SAMPLES, args.deep_temperature),
+            )
+            if old is None or revision(old, spec[0]) < REVISION[spec[0]]
         )
         for mode, tid, n, temperature in specs:
             request = TaskCreate(
@@ -313,7 +348,7 @@ async def _collect(
                 early_stop=False,
             )
             task = build_task(request, settings, task_id=tid, owner="qbench")
-            await store.create_task(task, max_pending=settings.max_pending)
+            await store.create_task(task, Admission(max_pending=settings.max_pending))
         for mode, tid, _n, temperature in specs:
             task = await wait_for(store, tid, TASK_TIMEOUT_S + 600)
             runs[mode] = {
@@ -321,6 +356,7 @@ async def _collect(
                 "status": str(task.status),
                 "task_type": str(task.task_type),
                 "temperature": temperature,
+                "revision": REVISION[mode],
                 "samples": [sample_record(s) for s in task.samples],
                 "answer": task.result.answer if task.result else None,
             }
@@ -344,8 +380,7 @@ async def _collect(
         queue = list(todo)
         while queue or pending:
             while queue and len(pending) < args.in_flight:
-                pos, problem = queue.pop(0)
-                pending.add(asyncio.create_task(one(pos, problem)))
+                pending.add(asyncio.create_task(one(*queue.pop(0))))
             finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
             for job in finished:
                 record = job.result()

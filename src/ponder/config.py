@@ -106,7 +106,7 @@ def default_modes() -> dict[Mode, ModeConfig]:
         Mode.deep: ModeConfig(
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
-            early_stop=True, paths=["cot", "decompose", "pot"], progressive=True, clarify=True,
+            early_stop=True, paths=["cot", "pot", "decompose"], progressive=True, clarify=True,
         ),
     }  # fmt: skip
 

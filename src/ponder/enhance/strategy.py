@@ -243,10 +243,15 @@ class Strategy:
         return self.task.priority
 
     def messages(self, sample: Sample) -> list[dict[str, Any]]:
-        """The chat messages of one sample: its instruction, then the user's input."""
+        """The chat messages of one sample: its instruction, then the user's input (its
+        last message followed by the path's reminder, if the answer type has one)."""
         instruction = self.answers.instruction_for(sample.path)
         task = self.task
         user = task.messages or [{"role": "user", "content": task.prompt or ""}]
+        reminder = self.answers.reminder_for(sample.path)
+        last = user[-1] if user else {}
+        if reminder and last.get("role") == "user" and isinstance(last.get("content"), str):
+            user = [*user[:-1], {**last, "content": f"{last['content']}\n\n{reminder}"}]
         if user and user[0].get("role") == "system":
             first = {**user[0], "content": f"{instruction}\n\n{user[0].get('content', '')}"}
             return [first, *user[1:]]

@@ -91,6 +91,12 @@ class AnswerType(ABC):
         path's own for ``decompose``, else :attr:`instruction`."""
         return PATH_INSTRUCTIONS["decompose"] if path == "decompose" else self.instruction
 
+    def reminder_for(self, path: str) -> str | None:
+        """Text appended to the user's last message on ``path`` (the instruction again,
+        after the question, where a small model follows the question's own wording over
+        the system message); None by default."""
+        return None
+
     def answer_text(self, sample: Sample) -> str:
         """The text a sample's answer is extracted from: its text."""
         return sample.text or ""

@@ -320,6 +320,13 @@ class MathAnswer(AnswerType):
     def instruction_for(self, path: str) -> str:
         return POT_INSTRUCTION if path == "pot" else super().instruction_for(path)
 
+    def reminder_for(self, path: str) -> str | None:
+        """A program-of-thought sample gets its instruction after the question too: with it
+        in the system message alone, Qwen2.5-Coder-0.5B answered a question worded "State
+        the final answer ..." in prose (0 programs in 20 such problems of the quality
+        benchmark's fit half, 16 with the reminder)."""
+        return POT_INSTRUCTION if path == "pot" else None
+
     def answer_text(self, sample: Sample) -> str:
         """A program-of-thought sample whose program ran: the last line it printed."""
         if sample.path == "pot" and sample.program_output is not None:
