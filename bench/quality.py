@@ -38,6 +38,7 @@ import platform
 import shlex
 import sys
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -55,6 +56,7 @@ from ponder.enhance.calibration import (
 from ponder.enhance.strategy import Strategy
 from quality_collect import (
     DATASETS,
+    DEEP_SAMPLES,
     RESULTS,
     ROOT,
     SEED,
@@ -65,6 +67,7 @@ from quality_collect import (
     default_checkpoint,
     load_avg,
     read_records,
+    revision,
     running_service,
     wait_for,
 )
@@ -252,9 +255,7 @@ def replay_all(rep: ModelReport) -> None:
         "N=5, Beta stop rule, mode default target",
         lambda x: r.run(x, "standard", list(range(5)), early_stop=True),
     )
-    rep.add(
-        "deep", "deep N=5 (cot/decompose/pot), no stop", lambda x: r.run(x, "deep", list(range(5)))
-    )
+    rep.add("deep", "deep N=5 (its paths), no stop", lambda x: r.run(x, "deep", list(range(5))))
     rep.add(
         "deep-stop",
         "deep N=5, stop rule on",
@@ -501,6 +502,46 @@ def sample_notes(rep: ModelReport) -> str:
         f"(the others do not vote); {cut} ({100 * cut / n:.0f} %) reached the token limit; "
         f"{tokens / n:.0f} completion tokens on average."
     )
+
+
+def revisions(rep: ModelReport) -> str:
+    """Which method revision (``quality_collect.REVISION``) each mode's runs are of."""
+    parts = []
+    for mode in ("standard", "deep"):
+        counts = Counter(revision(x, mode) for x in rep.records)
+        paths = Counter(
+            "/".join(s["path"] for s in x["runs"][mode]["samples"]) for x in rep.records
+        ).most_common(1)[0][0]
+        parts.append(
+            f"{mode}: "
+            + ", ".join(f"revision {r} on {k} problems" for r, k in sorted(counts.items()))
+            + f" (paths by sample, most common: {paths})"
+        )
+    return "Method revisions of the recorded runs: " + "; ".join(parts) + "."
+
+
+def path_table(rep: ModelReport, datasets: Sequence[str]) -> list[str]:
+    """One recorded sample's accuracy per sample (its path and temperature) and dataset,
+    on the fit half: what deep mode's paths were chosen on."""
+    fit = [x for x in rep.records if half_of(x["key"]) == 0]
+    rows = [("standard", 0), ("standard", 1)] + [("deep", i) for i in range(DEEP_SAMPLES)]
+    lines = [
+        f"One recorded sample alone, fit half ({len(fit)} problems): correct per dataset "
+        "(a deep path a task type does not allow runs as cot).",
+        "",
+        "| run, sample: path (T) | " + " | ".join(datasets) + " | all |",
+        "|---|" + "---:|" * (len(datasets) + 1),
+    ]
+    for mode, i in rows:
+        outcomes = [(x["dataset"], rep.replayer.run(x, mode, [i]).correct) for x in fit]
+        first = fit[0]["runs"][mode]["samples"][i]
+        per = Counter(d for d, ok in outcomes if ok)
+        lines.append(
+            f"| {mode} {i}: {first['path']} (T {first['temperature']}) | "
+            + " | ".join(str(per[d]) for d in datasets)
+            + f" | {sum(per.values())} |"
+        )
+    return lines
 
 
 def command_line() -> str:
@@ -764,12 +805,15 @@ def write_report(
             f"{first['runs']['deep']['temperature']}, in {len(sessions)} session(s), "
             f"{wall / 3600:.2f} h of wall time in all: "
             + "; ".join(
-                f"{s['start']} → {s.get('end', 'still running or killed')}, "
+                (f"(redo of the {s['redo']} runs) " if s.get("redo") else "")
+                + f"{s['start']} → {s.get('end', 'still running or killed')}, "
                 f"{s.get('problems', '?')} problems, load at start "
                 f"`{s['load_start'].split('load average:')[-1].strip()}`"
                 for s in sessions
             )
             + ".",
+            "",
+            revisions(rep),
             "",
             f"### Goals: the held-out half ({len(held.records)} problems)",
             "",
@@ -846,6 +890,7 @@ def write_report(
             )
         else:
             lines.append("Live check: not run for this model (`quality.py live`).")
+        lines += ["", *path_table(rep, args.datasets)]
         lines += [
             "",
             sample_notes(rep),

@@ -320,7 +320,10 @@ async def _collect(
 
     log_path = checkpoint.with_suffix(".log")
     start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    append_record(log_path, {"start": start, "load_start": load_avg()})
+    redo = getattr(args, "redo", None)
+    append_record(
+        log_path, {"start": start, "load_start": load_avg(), **({"redo": redo} if redo else {})}
+    )
     problems_done = 0
 
     async def one(pos: int, problem: Problem, old: dict[str, Any] | None) -> dict[str, Any]:

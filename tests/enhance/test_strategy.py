@@ -89,13 +89,13 @@ def test_deep_promotes_its_first_sample() -> None:
 def test_deep_spreads_paths_and_pot_only_for_math() -> None:
     assert [s.path for s in strategy("deep", 5).plan()] == [
         "cot",
-        "decompose",
         "pot",
-        "cot",
         "decompose",
+        "cot",
+        "pot",
     ]
     text = strategy("deep", 3, task_type=TaskType.text)
-    assert [s.path for s in text.plan()] == ["cot", "decompose", "cot"]
+    assert [s.path for s in text.plan()] == ["cot", "cot", "decompose"]
     assert {s.path for s in strategy("standard", 3).plan()} == {"cot"}
 
 
@@ -110,8 +110,22 @@ def test_messages_carry_the_path_and_type_instruction() -> None:
     s = strategy("deep")
     pot = s.messages(Sample(index=0, path="pot", temperature=0, seed=0))
     assert pot[0]["role"] == "system" and "Python" in pot[0]["content"]
-    assert pot[-1] == {"role": "user", "content": "2+2?"}
-    assert "The answer is" in s.messages(Sample(index=0, temperature=0, seed=0))[0]["content"]
+    # the program-of-thought instruction is repeated after the question
+    assert pot[-1] == {"role": "user", "content": f"2+2?\n\n{pot[0]['content']}"}
+    cot = s.messages(Sample(index=0, temperature=0, seed=0))
+    assert "The answer is" in cot[0]["content"]
+    assert cot[-1] == {"role": "user", "content": "2+2?"}
+    chat = strategy(
+        "deep",
+        messages=[
+            {"role": "system", "content": "Be brief."},
+            {"role": "user", "content": "2+2?"},
+            {"role": "assistant", "content": "4"},
+            {"role": "user", "content": "and 3+3?"},
+        ],
+    ).messages(Sample(index=0, path="pot", temperature=0, seed=0))
+    assert chat[0]["content"].endswith("\n\nBe brief.") and chat[1]["content"] == "2+2?"
+    assert chat[-1]["content"].startswith("and 3+3?\n\nWrite a short Python program")
     choice = strategy(task_type=TaskType.choice, prompt="Pick: A) 1 B) 2")
     assert "letter" in choice.messages(Sample(index=0, temperature=0, seed=0))[0]["content"]
 
