@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
 PYTEST_ARGS ?=
+# test processes (pytest-xdist); the model tests stay in one of them (tests/conftest.py)
+TEST_PROCESSES ?= 2
 # No model hub at run time: weights come from installed packages only.
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
@@ -71,7 +73,7 @@ serve: install
 ## Set up and run lint and the test suite (against a real Redis, started if none answers).
 test: install-dev
 	$(MAKE) --no-print-directory lint
-	scripts/with-redis $(PY) -m pytest $(PYTEST_ARGS)
+	scripts/with-redis $(PY) -m pytest -n $(TEST_PROCESSES) --dist loadgroup $(PYTEST_ARGS)
 
 lint: install-dev
 	$(VENV)/bin/ruff check src tests bench

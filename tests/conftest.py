@@ -28,6 +28,17 @@ REDIS_URL = os.environ.get("PONDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 EXIT_DEADLINE_S = 60
 
 
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests that load the real
+    model run in one worker, so that each model is loaded once per run, and the browser
+    tests in one, so that one Chromium serves them."""
+    for item in items:
+        if item.get_closest_marker("model"):
+            item.add_marker(pytest.mark.xdist_group("model"))
+        elif item.path.parent.name == "console":
+            item.add_marker(pytest.mark.xdist_group("browser"))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_unconfigure(config: pytest.Config) -> None:
     """A run whose process does not exit (a thread that is not a daemon left running, such
