@@ -29,8 +29,8 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
 3. **Profile** of the split scripted fast case: ``py-spy record --format raw --function``
    on the API and the worker during a closed loop (its own run, not a measured one),
    top entries by own time.
-4. **Scale-out**: 1 API + 1 worker against 2 APIs (two ports; the client spreads tasks
-   over them: ``ponder api`` has no ``--workers``) + 2 workers, interleaved; the Redis
+4. **Scale-out**: 1 API + 1 worker against 2 API processes behind one port (``ponder api
+   --processes 2``) + 2 workers, interleaved; the Redis
    commands per task (``INFO commandstats``), ``redis-benchmark`` on the same machine, and
    what one Redis core carries on paper.
 5. **Capacity**: the openai engine in front of a stand-in of its own whose capacity is
@@ -394,12 +394,13 @@ class Cluster:
                     "-m", "ponder.cli"]  # fmt: skip
 
         command = "serve" if self.spec.deployment == "embedded" else "api"
-        for i in range(self.spec.apis):
-            port = free_port()
-            self.ports.append(port)
-            name = f"{self.prefix}-{command}{i}"
-            argv = [*cli(name), command, "--host", "127.0.0.1", "--port", str(port)]
-            self.apis.append(await Proc(name, argv, self.env, self.workdir).start())
+        port = free_port()
+        self.ports.append(port)
+        name = f"{self.prefix}-{command}"
+        argv = [*cli(name), command, "--host", "127.0.0.1", "--port", str(port)]
+        if self.spec.apis > 1:  # API processes sharing the port (children of this one)
+            argv += ["--processes", str(self.spec.apis)]
+        self.apis.append(await Proc(name, argv, self.env, self.workdir).start())
         if self.spec.deployment == "split":
             for i in range(self.spec.workers):
                 name = f"{self.prefix}-worker{i}"
@@ -1597,9 +1598,10 @@ def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
     add("## Scale-out (requirement 3)")
     add("")
     add(
-        "`ponder api` has no `--workers` option: 2 APIs are two `ponder api` processes on "
-        "two ports, the client sending task *i* (its submit and its polls) to API *i* mod 2; "
-        "2 workers are two `ponder worker` processes; all over the one redis-server. Split, "
+        "2 APIs are one `ponder api --processes 2`: two API processes sharing one port "
+        "(uvicorn's supervisor; the kernel hands each connection to one of them), their CPU "
+        "with the supervisor's; 2 workers are two `ponder worker` processes; all over the "
+        "one redis-server. Split, "
         f"scripted, fast, closed loop of {bench.s.tasks} tasks, {bench.s.clients} clients; "
         "runs interleaved (1+1, 2+2, ...)."
     )

@@ -1,4 +1,5 @@
-"""Split roles over Redis: one `ponder api` and two `ponder worker` processes."""
+"""Split roles over Redis: one `ponder api` of two API processes (`--processes 2`) and two
+`ponder worker` processes."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from collections import Counter
 from collections.abc import AsyncIterator
 
 import httpx
+import psutil
 import pytest
 
 from tests.conftest import free_port, wait_for_task
@@ -36,7 +38,9 @@ async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
         "PONDER_CLAIM_BLOCK_MS": "200",
     }
     procs = [
-        await spawn({**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
+        await spawn(
+            {**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port), "--processes", "2"
+        ),
         await spawn({**base, "PONDER_NODE_ID": "wA"}, "worker"),
         await spawn({**base, "PONDER_NODE_ID": "wB"}, "worker"),
     ]
@@ -52,6 +56,9 @@ async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
                 except httpx.TransportError:
                     pass
                 await asyncio.sleep(0.1)
+        api = psutil.Process(procs[0].pid)
+        servers = [c for c in api.children() if "spawn_main" in " ".join(c.cmdline())]
+        assert len(servers) == 2, api.children()
         yield url
     finally:
         for p in procs:
@@ -60,6 +67,8 @@ async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
         for p in procs:
             _, err = await asyncio.wait_for(p.communicate(), 30)
             assert p.returncode in (0, -15), err.decode()[-2000:]
+    # the API's supervisor stopped its processes before it exited
+    assert not [s for s in servers if s.is_running() and s.status() != psutil.STATUS_ZOMBIE]
 
 
 async def test_200_tasks_over_two_workers(cluster: str) -> None:
@@ -72,7 +81,9 @@ async def test_200_tasks_over_two_workers(cluster: str) -> None:
         )
         assert all(r.status_code == 202 for r in created)
         ids = [r.json()["id"] for r in created]
-        assert all(i.split("-")[1] == "api1" for i in ids)
+        # each API process names itself in its ids (the configured node id + its pid)
+        assert len(set(ids)) == 200
+        assert all(i.split("-")[1].startswith("api1.") for i in ids)
         tasks = [await wait_for_task(c, i, timeout_s=120) for i in ids]
     assert Counter(t["status"] for t in tasks) == {"done": 200}
     for i, task in enumerate(tasks):

@@ -107,7 +107,10 @@ def _listen(settings: Settings) -> socket.socket:
         raise typer.Exit(EXIT_USAGE) from None
 
 
-def _serve_http(settings: Settings, workers: int) -> None:
+def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
+    """Serve the API on the listening socket: in this process, or in ``processes`` API
+    processes sharing it (uvicorn's supervisor: each imports
+    ``create_app_from_environment``; a child that dies is replaced)."""
     import uvicorn
 
     from ponder.api import create_app
@@ -126,6 +129,11 @@ def _serve_http(settings: Settings, workers: int) -> None:
         f"ponder on http://{host}:{port} — store: {store}; "
         f"engine: {_engine_line(settings) if workers else '(none: api only)'}"
     )
+    log_level = os.environ.get("PONDER_LOG_LEVEL", "info").lower()
+    grace = int(settings.shutdown_grace_s) + 1
+    if processes > 1:
+        _serve_processes(listener, processes, f"http://{host}:{port}", log_level, grace)
+        return
     application = create_app(settings, workers=workers)
 
     class Server(uvicorn.Server):
@@ -141,8 +149,8 @@ def _serve_http(settings: Settings, workers: int) -> None:
             application,
             host=settings.host,
             port=port,
-            log_level=os.environ.get("PONDER_LOG_LEVEL", "info").lower(),
-            timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 1,
+            log_level=log_level,
+            timeout_graceful_shutdown=grace,
         )
     )
     try:
@@ -156,6 +164,31 @@ def _serve_http(settings: Settings, workers: int) -> None:
             raise
         err_console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(EXIT_USAGE) from None
+
+
+def _serve_processes(
+    listener: socket.socket, processes: int, url: str, log_level: str, grace: int
+) -> None:
+    import uvicorn
+    from uvicorn.config import STARTUP_FAILURE
+    from uvicorn.supervisors import Multiprocess
+
+    config = uvicorn.Config(
+        "ponder.api.app:create_app_from_environment",
+        factory=True,
+        workers=processes,
+        log_level=log_level,
+        timeout_graceful_shutdown=grace,
+    )
+    supervisor = Multiprocess(config, sockets=[listener])
+    logging.getLogger("uvicorn.error").info(
+        "Uvicorn running on %s with %d API processes (Press CTRL+C to quit)", url, processes
+    )
+    with listener:
+        supervisor.run()
+    if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
+        err_console.print("[red]error:[/red] an API process failed to start (its log is above)")
+        raise typer.Exit(1)
 
 
 @app.command()
@@ -182,6 +215,14 @@ def serve(
 def api(
     host: Annotated[str | None, typer.Option(help="bind address [PONDER_HOST]")] = None,
     port: Annotated[int | None, typer.Option(help="port [PONDER_PORT]")] = None,
+    processes: Annotated[
+        int,
+        typer.Option(
+            min=1,
+            help="API processes sharing the port (as uvicorn's --workers); a process that "
+            "dies is replaced",
+        ),
+    ] = 1,
 ) -> None:
     """The API only; workers run elsewhere (`ponder worker`) over the same Redis."""
     _logging()
@@ -192,7 +233,7 @@ def api(
             "store); use `ponder serve` for one process"
         )
         raise typer.Exit(EXIT_USAGE)
-    _serve_http(settings, workers=0)
+    _serve_http(settings, workers=0, processes=processes)
 
 
 @app.command()

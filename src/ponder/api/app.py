@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sys
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -28,7 +29,7 @@ from ponder.api import (
 from ponder.api.deps import AppState
 from ponder.api.errors import install_error_handlers
 from ponder.api.limits import BodySizeLimit
-from ponder.config import Settings
+from ponder.config import Settings, load_settings
 from ponder.errors import ConfigError
 from ponder.ids import IdGenerator
 from ponder.store import create_store, start_store
@@ -121,3 +122,14 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
     app.include_router(overview.router)
     app.include_router(console.router)
     return app
+
+
+def create_app_from_environment() -> FastAPI:
+    """The API of one of ``ponder api --processes N``'s processes (uvicorn imports this
+    factory by name in each): settings from the environment, as the parent read them. A
+    configured node id gets the process id appended, so ids stay unique across the
+    processes (the default one already holds it)."""
+    settings = load_settings()
+    if "node_id" in settings.model_fields_set:
+        settings = settings.model_copy(update={"node_id": f"{settings.node_id}.{os.getpid()}"})
+    return create_app(settings)
