@@ -1574,7 +1574,8 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
         add("")
         add(f"![CPU per task by case and process]({png.name})")
     add("")
-    add("Raw figures: `overhead.json` beside this report.")
+    raw = png.with_suffix(".json").name if png is not None else "overhead.json"
+    add(f"Raw figures: `{raw}` beside this report.")
     return "\n".join(L) + "\n"
 
 
