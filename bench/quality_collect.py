@@ -170,15 +170,16 @@ def problem_ids(seed: int, position: int) -> tuple[str, str]:
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
-    """The records of a checkpoint, the last one of each problem (a redo appends a new
-    record); a torn line (a killed run) is ignored."""
-    records: dict[str, dict[str, Any]] = {}
+    """The JSON lines of a file; of a checkpoint's records (they have a ``key``), the last
+    one of each problem (a redo appends a new record). A torn line (a killed run) is
+    ignored."""
+    records: dict[Any, dict[str, Any]] = {}
     if not path.exists():
         return []
-    for line in path.read_text().splitlines():
+    for n, line in enumerate(path.read_text().splitlines()):
         with contextlib.suppress(json.JSONDecodeError):
             record = json.loads(line)
-            records[record["key"]] = record
+            records[record.get("key", n)] = record
     return list(records.values())
 
 
