@@ -74,6 +74,7 @@ from quality_collect import (
 from quality_replay import (
     RESULT_FEATURES,
     SAMPLE_FEATURES,
+    SETTINGS,
     Outcome,
     Replayer,
     ece,
@@ -366,7 +367,8 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
         "result_models": choices,
     }
-    return Calibration(sample_model, modes, info), {"grid": grid, "targets": fit_targets(reports)}
+    targets = {"targets": fit_targets(reports), "deep_targets": fit_targets(reports, "deep", 5)}
+    return Calibration(sample_model, modes, info), {"grid": grid, **targets}
 
 
 def fold_of(key: str) -> int:
@@ -415,15 +417,18 @@ def fit_problems(rep: ModelReport) -> int:
     return sum(1 for x in rep.records if half_of(x["key"]) == 0)
 
 
-def fit_targets(reports: Sequence[ModelReport]) -> dict[float, tuple[int, int, float]]:
-    """On the fit half, N=8: per stop-rule target, (correct with the stop rule, correct
-    without it, mean samples) — the default target is chosen from this table."""
+def fit_targets(
+    reports: Sequence[ModelReport], mode: str = "standard", n: int = 8
+) -> dict[float, tuple[int, int, float]]:
+    """On the fit half, ``mode`` with ``n`` samples: per stop-rule target, (correct with the
+    stop rule, correct without it, mean samples) — the mode's default target is chosen
+    from this table."""
     out: dict[float, tuple[int, int, float]] = {}
     fit = [(rep, x) for rep in reports for x in rep.records if half_of(x["key"]) == 0]
-    full = sum(rep.replayer.run(x, "standard", list(range(8))).correct for rep, x in fit)
+    full = sum(rep.replayer.run(x, mode, list(range(n))).correct for rep, x in fit)
     for target in TARGETS:
         runs = [
-            rep.replayer.run(x, "standard", list(range(8)), early_stop=True, target=target)
+            rep.replayer.run(x, mode, list(range(n)), early_stop=True, target=target)
             for rep, x in fit
         ]
         out[target] = (
@@ -946,6 +951,10 @@ def write_report(
         "Stop-rule targets on the fit half (N=8; correct with / without the stop rule, "
         "mean samples): "
         + ", ".join(f"{t}: {a}/{b}, {m:.2f}" for t, (a, b, m) in fit_info["targets"].items()),
+        "",
+        "The same for deep (N=5): "
+        + ", ".join(f"{t}: {a}/{b}, {m:.2f}" for t, (a, b, m) in fit_info["deep_targets"].items())
+        + f" (the mode's default target: {SETTINGS.mode('deep').target_confidence}).",
         "",
         f"![accuracy and reliability]({png.name})",
         "",
