@@ -9,7 +9,6 @@ Used by ``openai_compat.py`` (chat completions), ``responses.py``, ``files.py`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import functools
 import json
 import logging
@@ -129,9 +128,13 @@ async def _until_disconnect(request: Request) -> None:
 
 
 async def abandon(store: TaskStore, task_id: str, owner: str) -> None:
-    """The client left before its answer: cancel the task (best effort)."""
-    with contextlib.suppress(AdmissionError, RecoverableError):
+    """The client left before its answer: cancel the task (best effort: a task that
+    cannot be cancelled is logged and left to its own timeout)."""
+    try:
         await admission.cancel_task(store, task_id, owner)
+    except (AdmissionError, RecoverableError) as e:
+        log.warning("task %s not cancelled after its client disconnected: %s", task_id, e)
+    else:
         log.info("task %s cancelled: its client disconnected", task_id)
 
 
