@@ -184,12 +184,10 @@ def read_records(path: Path) -> list[dict[str, Any]]:
 
 
 def compact(path: Path) -> None:
-    """Rewrite the checkpoint with one record per problem (after a redo)."""
-    records = read_records(path)
-    if len(records) < len(path.read_text().splitlines()):
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records))
-        tmp.replace(path)
+    """Rewrite the checkpoint with one record per problem (after a redo), atomically."""
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in read_records(path)))
+    tmp.replace(path)
 
 
 def revision(record: dict[str, Any], mode: str) -> int:
@@ -266,7 +264,7 @@ async def collect(args: Any) -> int:
     checkpoint: Path = args.checkpoint
     checkpoint.parent.mkdir(parents=True, exist_ok=True)
     done = {r["key"]: r for r in read_records(checkpoint)}
-    redo = getattr(args, "redo", None)
+    redo = args.redo
     todo = [
         (pos, p, done.get(p.key))
         for pos, p in enumerate(problems)
@@ -321,9 +319,9 @@ async def _collect(
 
     log_path = checkpoint.with_suffix(".log")
     start = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    redo = getattr(args, "redo", None)
     append_record(
-        log_path, {"start": start, "load_start": load_avg(), **({"redo": redo} if redo else {})}
+        log_path,
+        {"start": start, "load_start": load_avg(), **({"redo": args.redo} if args.redo else {})},
     )
     problems_done = 0
 

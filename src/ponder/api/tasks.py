@@ -140,10 +140,9 @@ async def delete_task(task_id: str, state: State, owner: Owner) -> Response:
 def _task_response(
     task: Task, status_code: int = 200, headers: dict[str, str] | None = None
 ) -> Response:
-    """The task as its JSON body, serialized by pydantic straight to bytes (a dict through
-    FastAPI's ``jsonable_encoder`` costs several times more: the hot path of polling)."""
+    """The task as its JSON body (:meth:`Task.to_public_json`: the hot path of polling)."""
     return Response(
-        task.model_dump_json(),
+        task.to_public_json(),
         status_code=status_code,
         headers=headers,
         media_type="application/json",
