@@ -22,7 +22,7 @@ from fastapi.responses import JSONResponse, Response
 from ponder.api.deps import get_state
 from ponder.api.openai_common import caller, openai_errors, query_int, read_json
 from ponder.ids import sort_key
-from ponder.openai.batches import KIND, batch_request, new_batch, public_batch
+from ponder.openai.batches import KIND, batch_request, cancel_lines, new_batch, public_batch
 from ponder.openai.common import OpenAIError, check_webhook_url, list_body
 from ponder.openai.files import FileStore
 from ponder.store.base import StoredObject
@@ -100,8 +100,9 @@ async def list_batches(request: Request) -> Response:
 @router.post("/batches/{batch_id}/cancel")
 @openai_errors
 async def cancel_batch(batch_id: str, request: Request) -> Response:
-    """Cancel a batch: ``cancelling`` at once; the feeder cancels its queued lines, lets
-    the running ones finish and ends it ``cancelled`` with the finished lines kept."""
+    """Cancel a batch: ``cancelling`` and its queued lines cancelled at once (none starts
+    after the answer); the feeder lets the running ones finish and ends it ``cancelled``
+    with the finished lines kept."""
     store = get_state(request).store
     for _ in range(_CAS_RETRIES):
         obj = await _load(request, batch_id)
@@ -113,5 +114,7 @@ async def cancel_batch(batch_id: str, request: Request) -> Response:
             raise OpenAIError(409, "conflict", f"the batch is {status}; it cannot be cancelled")
         batch.update(status="cancelling", cancelling_at=int(time.time()))
         if await store.update_object(obj):
+            lines = list(obj.data.get("state", {}).get("in_flight", {}).values())
+            await cancel_lines(store, await store.get_tasks(lines), obj.owner, running=False)
             return JSONResponse(batch)
     raise OpenAIError(503, "unavailable", "the batch kept changing while cancelling; retry")

@@ -43,14 +43,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ponder import admission
 from ponder.config import Settings
-from ponder.errors import AdmissionError, RecoverableError
+from ponder.errors import RecoverableError
 from ponder.ids import IdGenerator
 from ponder.openai.batches import (
     KIND,
     NOT_RUN,
     BatchLine,
+    cancel_lines,
     error_line,
     output_line,
     read_lines,
@@ -191,13 +191,8 @@ class BatchFeeder:
         if ending is None and overdue:
             state["ending"] = ending = "expired"
         if ending is not None:
-            for task in tasks:  # queued lines are cancelled; running ones too on expiry
-                if task is not None and (
-                    task.status == TaskStatus.pending
-                    or (ending == "expired" and not is_terminal(task.status))
-                ):
-                    with contextlib.suppress(AdmissionError):
-                        await admission.cancel_task(self.store, task.id, obj.owner)
+            # queued lines are cancelled (the cancel route did too); running ones on expiry
+            await cancel_lines(self.store, tasks, obj.owner, running=ending == "expired")
 
     @staticmethod
     def _ending(obj: StoredObject) -> str | None:

@@ -9,16 +9,22 @@ their tasks, how the batch is ending). The feeder that runs them is
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from ponder import admission
+from ponder.errors import AdmissionError
 from ponder.openai.common import OpenAIError, check_metadata, invalid
-from ponder.store.base import StoredObject
+from ponder.states import is_terminal
+from ponder.store.base import StoredObject, TaskStore
+from ponder.types import Task, TaskStatus
 
 __all__ = [
     "ENDPOINTS",
@@ -248,3 +254,16 @@ NOT_RUN = {
     "cancelled": "the batch was cancelled before this request finished",
     "expired": "this request could not be executed before the completion window expired",
 }
+
+
+async def cancel_lines(
+    store: TaskStore, tasks: Iterable[Task | None], owner: str, *, running: bool
+) -> None:
+    """Cancel a batch's queued line tasks, and its running ones with ``running`` (on
+    expiry); a line that ended meanwhile is left as it ended."""
+    for task in tasks:
+        if task is not None and (
+            task.status == TaskStatus.pending or (running and not is_terminal(task.status))
+        ):
+            with contextlib.suppress(AdmissionError):
+                await admission.cancel_task(store, task.id, owner)
