@@ -155,6 +155,7 @@ async def test_api_limits_each_key(settings: Settings) -> None:
             assert_rate_limited(await alice.get("/v1/tasks"))
             assert_rate_limited(await alice.post("/v1/tasks", json={"prompt": "y"}))
             assert_rate_limited(await alice.delete(f"/v1/tasks/{first.json()['id']}"))
+            assert_rate_limited(await alice.get(f"/v1/tasks/{first.json()['id']}/events"))
             response = await alice.get("/v1/tasks")
             assert_rate_limited(response)
             assert int(response.headers["retry-after"]) <= 20

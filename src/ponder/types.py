@@ -204,12 +204,12 @@ class Task(BaseModel):
         task responses: a dict through FastAPI's encoder costs several times more)."""
         return self.model_dump_json()
 
-    def to_storage(self) -> str:
-        """The JSON stored by the stores (includes the owner)."""
-        data = self.model_dump(mode="json")
-        data["owner"] = self.owner
-        data["rev"] = self.rev
-        return json.dumps(data, separators=(",", ":"))
+    def to_storage(self, rev: int | None = None) -> str:
+        """The JSON stored by the stores: the public JSON plus the owner and the revision
+        (``rev``, default the task's own), serialized in one pass."""
+        public = self.model_dump_json()
+        rev = self.rev if rev is None else rev
+        return f'{public[:-1]},"owner":{json.dumps(self.owner)},"rev":{rev}}}'
 
     @classmethod
     def from_storage(cls, raw: str | bytes) -> Task:

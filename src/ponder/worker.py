@@ -196,6 +196,9 @@ class Worker:
         every slot is held by a run that never ends (stop then reaches the drain)."""
         if self._stopping.is_set():
             return False
+        if not self._slots.locked():  # one free now: no waiting, no tasks to start
+            await self._slots.acquire()
+            return True
         acquire = asyncio.create_task(self._slots.acquire())
         stopping = asyncio.create_task(self._stopping.wait())
         try:
@@ -313,10 +316,9 @@ class Worker:
         """
         claim = flight.claim
         finished = False
+        run = TaskRun(self, claim)
         try:
-            flight.run = asyncio.create_task(
-                TaskRun(self, claim).run(), name=f"run-{claim.task_id}"
-            )
+            flight.run = asyncio.create_task(run.run(), name=f"run-{claim.task_id}")
             if flight.cancelled:
                 flight.run.cancel()
             try:
@@ -338,7 +340,8 @@ class Worker:
             log.warning("task %s: given up for another worker: %s", claim.task_id, e)
         finally:
             if finished:
-                await _quiet(asyncio.shield(self.store.ack(claim)))
+                if not run.acked:  # the task's last write acks it; else (cancel, gone) here
+                    await _quiet(asyncio.shield(self.store.ack(claim)))
             else:
                 await _quiet(asyncio.shield(self.store.release(claim)))
 
@@ -373,10 +376,16 @@ class TaskRun:
         self._deltas = DeltaPublisher(
             self.store, claim.task_id, self.settings.delta_interval_ms / 1000
         )
+        #: the queue entry was acked with the task's terminal write
+        self.acked = False
 
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
-        task = await self.store.get_task(self.claim.task_id)
+        record = self.claim.record  # read with the claim when the store could
+        if record is not None:
+            task: Task | None = Task.from_storage(record)
+        else:
+            task = await self.store.get_task(self.claim.task_id)
         if task is None:
             return True
         self.task = task
@@ -414,9 +423,14 @@ class TaskRun:
         the stored delivery records are kept and the write is tried again.
         """
         await self._deltas.idle()  # a delta in flight lands before the events below
+        # the terminal write also acks the queue entry (one round trip less)
+        ack = self.claim if is_terminal(self.task.status) else None
         for _ in range(_SAVE_RETRIES):
-            if await self._through_outage(lambda: self.store.update_task(self.task, events)):
+            if await self._through_outage(
+                lambda: self.store.update_task(self.task, events, ack=ack)
+            ):
                 self._stored = (self.task.status, self.task.attempts)
+                self.acked = ack is not None
                 return
             fresh = await self._through_outage(lambda: self.store.get_task(self.task.id))
             if fresh is None or (fresh.status, fresh.attempts) != self._stored:

@@ -9,9 +9,9 @@ import time
 import pytest
 
 from ponder.store import Claim, TaskStore
-from ponder.types import TaskStatus
+from ponder.types import Task, TaskStatus
 
-from .helpers import ALL, add, let_time_pass, live
+from .helpers import ALL, add, advance, let_time_pass, live
 
 
 # --- queue ------------------------------------------------------------------------------
@@ -63,6 +63,36 @@ async def test_ack_removes_the_entry_for_good(store: TaskStore) -> None:
     assert await store.claim("w", ALL, 0) is None
     await let_time_pass(0.05)
     assert await store.reclaim("w2", 0.01) == []
+
+
+async def test_a_claim_carries_the_record_it_read_or_none(store: TaskStore) -> None:
+    task = await add(store, 2)
+    await advance(store, task, TaskStatus.pending)  # a record of revision 1
+    claim = await store.claim("w", ALL, 0)
+    assert claim is not None and claim.task_id == task.id
+    if claim.record is not None:  # optional in the contract; both stores read it here
+        stored = Task.from_storage(claim.record)
+        assert stored == await store.get_task(task.id) and stored.rev == 1
+    assert claim == Claim(task.id, 2, claim.receipt)  # the record is not its identity
+
+
+async def test_a_write_with_ack_acks_the_entry_and_a_refused_one_does_not(
+    store: TaskStore,
+) -> None:
+    await live(store, "a", "b")
+    first, second = await add(store), await add(store)
+    claims = {c.task_id: c for c in [await store.claim("a", ALL, 0) for _ in range(2)] if c}
+    stale = first.model_copy()
+    first.status = second.status = TaskStatus.done
+    assert await store.update_task(first, [("result", {})], ack=claims[first.id])
+    stale.status = TaskStatus.cancelled  # an old revision: nothing written, nothing acked
+    assert not await store.update_task(stale, ack=claims[first.id])
+    second.rev += 1
+    assert not await store.update_task(second, ack=claims[second.id])
+    await let_time_pass(0.4)
+    reclaimed = await store.reclaim("b", 0.3)
+    assert [c.task_id for c in reclaimed] == [second.id]  # only the refused write's entry
+    assert (await store.get_task(first.id)).status == TaskStatus.done  # type: ignore[union-attr]
 
 
 async def test_an_idle_lease_is_reclaimed_and_renew_prevents_it(store: TaskStore) -> None:

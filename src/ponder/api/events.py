@@ -29,11 +29,11 @@ import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
-from fastapi import APIRouter, Depends, Header, Query, Request, WebSocket
+from fastapi import APIRouter, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.websockets import WebSocketState
 
-from ponder.api.deps import AppState, Owner, State, check_rate, get_owner, rate_limit
+from ponder.api.deps import AppState, Caller, check_rate, get_owner
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.tasks import load_task
@@ -89,6 +89,9 @@ async def follow_events(
             if loop.time() - last_yield >= idle_s:
                 yield None
                 last_yield = loop.time()
+            # the task has not ended (no final event yet): wait for the next event at once;
+            # a final event already written is read back without waiting
+            block_ms = idle_ms
             continue
         if ended:
             return
@@ -173,12 +176,10 @@ Deltas = Annotated[bool, Query(description="include `delta` events (the text of 
     "/tasks/{task_id}/events",
     responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
     response_class=StreamingResponse,
-    dependencies=[Depends(rate_limit)],
 )
 async def task_events(
     task_id: str,
-    state: State,
-    owner: Owner,
+    caller: Caller,
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id: Annotated[str | None, Query(description="resume after this event")] = None,
     deltas: Deltas = True,
@@ -192,7 +193,8 @@ async def task_events(
     left out with ``?deltas=false``.
     """
     after = _start_after(last_event_id_header, last_event_id)
-    await load_task(state.store, task_id, owner)
+    state = caller.state
+    await load_task(state.store, task_id, caller.owner)
     after = await _resume_after(state.store, task_id, after)
     return StreamingResponse(
         _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s, deltas),

@@ -12,12 +12,12 @@ import json
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, Header, Query, Request, Response
+from fastapi import APIRouter, Header, Query, Request, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from ponder import admission
-from ponder.api.deps import Owner, State, rate_limit
+from ponder.api.deps import Caller
 from ponder.api.errors import ApiError
 from ponder.api.schemas import ErrorBody, TaskList
 from ponder.errors import AdmissionError
@@ -83,9 +83,8 @@ class StrictJSONRoute(APIRoute):
         return strict_handler
 
 
-router = APIRouter(
-    prefix="/v1", tags=["tasks"], dependencies=[Depends(rate_limit)], route_class=StrictJSONRoute
-)
+# every route takes ``caller: Caller`` (which applies the rate limit)
+router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictJSONRoute)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 409, 413, 422, 429, 503)
@@ -114,27 +113,26 @@ async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
 )
 async def create_task(
     req: TaskCreate,
-    state: State,
-    owner: Owner,
+    caller: Caller,
     idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
 ) -> Response:
     """Submit a task; answers 202 at once with the Task (200 for an idempotent repeat)."""
-    stored, created = await admission.submit(state, req, owner, idempotency_key)
+    stored, created = await admission.submit(caller.state, req, caller.owner, idempotency_key)
     return _task_response(
         stored, status_code=202 if created else 200, headers={"Location": f"/v1/tasks/{stored.id}"}
     )
 
 
 @router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
-async def get_task(task_id: str, state: State, owner: Owner) -> Response:
+async def get_task(task_id: str, caller: Caller) -> Response:
     """The task with its samples, result and error."""
-    return _task_response(await admission.load_task(state.store, task_id, owner))
+    return _task_response(await admission.load_task(caller.state.store, task_id, caller.owner))
 
 
 @router.delete("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
-async def delete_task(task_id: str, state: State, owner: Owner) -> Response:
+async def delete_task(task_id: str, caller: Caller) -> Response:
     """Cancel a pending or running task."""
-    return _task_response(await admission.cancel_task(state.store, task_id, owner))
+    return _task_response(await admission.cancel_task(caller.state.store, task_id, caller.owner))
 
 
 def _task_response(
@@ -151,16 +149,15 @@ def _task_response(
 
 @router.get("/tasks", responses=_ERRORS)
 async def list_tasks(
-    state: State,
-    owner: Owner,
+    caller: Caller,
     status: TaskStatus | None = None,
     limit: Annotated[int, Query(ge=1, le=100)] = 20,
     cursor: Annotated[str | None, Query(max_length=200)] = None,
 ) -> TaskList:
     """The caller's tasks, newest first; pass ``next_cursor`` back as ``cursor``."""
     try:
-        tasks, next_cursor = await state.store.list_tasks(
-            owner, status=status, limit=limit, cursor=cursor
+        tasks, next_cursor = await caller.state.store.list_tasks(
+            caller.owner, status=status, limit=limit, cursor=cursor
         )
     except ValueError as e:
         raise ApiError(422, "invalid", "cursor: not a cursor this service returned") from e

@@ -69,11 +69,17 @@ class HostRoom:
 
 @dataclass(frozen=True)
 class Claim:
-    """A queue entry handed to one worker. ``receipt`` identifies it for ack and renew."""
+    """A queue entry handed to one worker. ``receipt`` identifies it for ack and renew.
+
+    ``record`` is the task's stored record (:meth:`~ponder.types.Task.to_storage`) when
+    the store read it in the same step as the claim (:meth:`WorkQueue.claim` may; None:
+    not read, or the task is gone). It is not part of the claim's identity.
+    """
 
     task_id: str
     priority: int
     receipt: str
+    record: str | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -79,14 +79,22 @@ class TaskRecords(ABC):
     # --- both -------------------------------------------------------------------------
     @abstractmethod
     async def update_task(
-        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+        self,
+        task: Task,
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
+        *,
+        ack: Claim | None = None,
     ) -> bool:
-        """Write ``task`` if the stored revision is still ``task.rev``; append ``events``.
+        """Write ``task`` if the stored revision is still ``task.rev``; append ``events``;
+        with ``ack``, acknowledge that queue entry in the same atomic step
+        (:meth:`WorkQueue.ack`: a worker's last write of a task it ran, one round trip
+        less).
 
-        Returns False (writing nothing) when the record changed since it was read or is
-        gone. The caller has checked the transition with :func:`ponder.states.check_transition`;
-        the store reads the previous status from its own record: to keep the backlog count
-        right, and to post the cancel notice only on the write that enters ``cancelled``.
+        Returns False (writing nothing, acking nothing) when the record changed since it
+        was read or is gone. The caller has checked the transition with
+        :func:`ponder.states.check_transition`; the store reads the previous status from its
+        own record: to keep the backlog count right, and to post the cancel notice only on
+        the write that enters ``cancelled``.
         """
 
 
@@ -105,6 +113,8 @@ class WorkQueue(ABC):
 
         Waits up to ``block_ms`` for an entry when every level is empty (woken by new
         entries, not by polling where the backend allows it); returns None on timeout.
+        The claim may carry the task's record read in the same step (:attr:`Claim.record`),
+        which saves the worker a read.
         """
 
     @abstractmethod

@@ -93,10 +93,10 @@ end
 return {'created'}
 """
 
-# KEYS: task, pending, events, outbox, cancel notices, outbox notices
+# KEYS: task, pending, events, outbox, cancel notices, outbox notices[, queue to ack]
 # ARGV: expected rev, new rev, data, status, terminal, ttl, task id, delivery key prefix,
-#       number of deliveries, then 3 per delivery: webhook id, data, host; then event
-#       name/data pairs
+#       number of deliveries, group, entry id to ack ('' with no queue key), then 3 per
+#       delivery: webhook id, data, host; then event name/data pairs
 UPDATE = (
     OUTBOX_HELPERS
     + """
@@ -109,12 +109,16 @@ if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
   if cur[4] == 'batch' then redis.call('HINCRBY', KEYS[2], 'batch', -1) end
 end
 local n = tonumber(ARGV[9])
-add_deliveries(KEYS[4], KEYS[6], ARGV[8], ARGV[6], ARGV, 10, 9 + 3 * n)
+add_deliveries(KEYS[4], KEYS[6], ARGV[8], ARGV[6], ARGV, 12, 11 + 3 * n)
 if ARGV[4] == 'cancelled' and cur[2] ~= 'cancelled' then
   redis.call('XADD', KEYS[5], 'MAXLEN', '~', 1000, '*', 'v', ARGV[7])
 end
-for i = 10 + 3 * n, #ARGV, 2 do
+for i = 12 + 3 * n, #ARGV, 2 do
   redis.call('XADD', KEYS[3], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
+end
+if KEYS[7] then
+  redis.call('XACK', KEYS[7], ARGV[10], ARGV[11])
+  redis.call('XDEL', KEYS[7], ARGV[11])
 end
 if ARGV[5] == '1' then
   redis.call('EXPIRE', KEYS[1], ARGV[6])
@@ -124,14 +128,16 @@ return 1
 """
 )
 
-# KEYS: queues in the order to try; ARGV: group, consumer. Returns {key index, id, task}.
+# KEYS: queues in the order to try; ARGV: group, consumer, task key prefix.
+# Returns {key index, id, task, the task's record or false}.
 CLAIM = """
 for i, key in ipairs(KEYS) do
   local r = redis.call('XREADGROUP', 'GROUP', ARGV[1], ARGV[2], 'COUNT', 1,
                        'STREAMS', key, '>')
   if r then
     local entry = r[1][2][1]
-    return {i, entry[1], entry[2][2]}
+    local task = entry[2][2]
+    return {i, entry[1], task, redis.call('HGET', ARGV[3] .. task, 'data')}
   end
 end
 return false

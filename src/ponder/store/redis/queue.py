@@ -29,9 +29,11 @@ class RedisWorkQueue(RedisBase, WorkQueue):
         check_priorities(priorities)
         keys = [self._queue_key(p) for p in priorities]
         with unavailable():
-            hit = await self._grouped(lambda: self._claim(keys=keys, args=[GROUP, consumer]))
+            hit = await self._grouped(
+                lambda: self._claim(keys=keys, args=[GROUP, consumer, self._task_key("")])
+            )
         if hit:
-            return Claim(hit[2], priorities[hit[0] - 1], hit[1])
+            return Claim(hit[2], priorities[hit[0] - 1], hit[1], hit[3] or None)
         if block_ms <= 0:  # BLOCK 0 would wait forever
             return None
         with unavailable():

@@ -11,8 +11,8 @@ from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
-from ponder.store.records import Admission, Notice, check_new_task, check_page
-from ponder.store.redis.base import RedisBase, index_member, member_id, unavailable
+from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
+from ponder.store.redis.base import GROUP, RedisBase, index_member, member_id, unavailable
 from ponder.types import Task, TaskStatus
 
 __all__ = ["RedisTaskRecords"]
@@ -132,20 +132,26 @@ class RedisTaskRecords(RedisBase, TaskRecords):
 
     # --- both -------------------------------------------------------------------------
     async def update_task(
-        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+        self,
+        task: Task,
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
+        *,
+        ack: Claim | None = None,
     ) -> bool:
         new_rev = task.rev + 1
         deliveries = task_deliveries(task, events)
         args: list[str | int] = [
             task.rev,
             new_rev,
-            task.model_copy(update={"rev": new_rev}).to_storage(),
+            task.to_storage(rev=new_rev),
             task.status.value,
             "1" if is_terminal(task.status) else "0",
             self._ttl,
             task.id,
             self._delivery_key(""),
             len(deliveries),
+            GROUP,
+            "" if ack is None else ack.receipt,
         ]
         for entry in deliveries:
             args += [entry.webhook_id, entry.to_storage(), entry.host]
@@ -159,6 +165,8 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             self._notice_key(Notice.cancel),
             self._notice_key(Notice.outbox),
         ]
+        if ack is not None:
+            keys.append(self._queue_key(ack.priority))
         with unavailable():
             written = await self._update(keys=keys, args=args)
         if written:

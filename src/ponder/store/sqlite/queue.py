@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from ponder.store.contract import WorkQueue
 from ponder.store.records import Claim, check_priorities
 from ponder.store.sqlite.base import SqliteBase, wait
+from ponder.store.sqlite.schema import LIVE
 
 __all__ = ["SqliteWorkQueue"]
 
@@ -21,17 +22,19 @@ class SqliteWorkQueue(SqliteBase, WorkQueue):
         deadline = asyncio.get_running_loop().time() + block_ms / 1000
         while True:
             woken = self._queued.waiter()
+            now = time.time()
             async with self._conn() as db:
                 for p in priorities:
                     rows = await db.execute_fetchall(
                         "UPDATE queue SET consumer = ?, claimed_at = ? WHERE id ="
                         " (SELECT id FROM queue WHERE consumer IS NULL AND priority = ?"
                         "  ORDER BY id LIMIT 1)"
-                        " RETURNING id, task_id",
-                        (consumer, time.time(), p),
+                        " RETURNING id, task_id, (SELECT data FROM tasks"
+                        f"  WHERE tasks.id = queue.task_id AND {LIVE})",
+                        (consumer, now, p, now),
                     )
-                    for receipt, task_id in rows:
-                        return Claim(task_id, p, str(receipt))
+                    for receipt, task_id, record in rows:
+                        return Claim(task_id, p, str(receipt), record)
             if block_ms <= 0 or not await wait(woken, deadline):
                 return None
 

@@ -15,7 +15,7 @@ from ponder.ids import sort_key
 from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
-from ponder.store.records import Admission, Notice, check_new_task, check_page
+from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
 from ponder.store.sqlite.base import PURGE_INTERVAL_S, SqliteBase, first
 from ponder.store.sqlite.outbox import add_deliveries
 from ponder.store.sqlite.schema import LIVE
@@ -141,7 +141,11 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
 
     # --- both -------------------------------------------------------------------------
     async def update_task(
-        self, task: Task, events: Sequence[tuple[str, dict[str, Any]]] = ()
+        self,
+        task: Task,
+        events: Sequence[tuple[str, dict[str, Any]]] = (),
+        *,
+        ack: Claim | None = None,
     ) -> bool:
         now = time.time()
         new_rev = task.rev + 1
@@ -158,7 +162,7 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
                 (
                     task.status.value,
                     new_rev,
-                    task.model_copy(update={"rev": new_rev}).to_storage(),
+                    task.to_storage(rev=new_rev),
                     now + self._ttl if is_terminal(task.status) else None,
                     task.id,
                 ),
@@ -168,6 +172,8 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
                 "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
                 [(task.id, name, json.dumps(data)) for name, data in events],
             )
+            if ack is not None:
+                await db.execute("DELETE FROM queue WHERE id = ?", (int(ack.receipt),))
         task.rev = new_rev
         if events and (signal := self._events.get(task.id)) is not None:
             signal.fire()
