@@ -167,11 +167,12 @@ class Worker:
         backoff_s = _BACKOFF_MIN_S
         while await self._free_slot():
             held = 1
-            while not self._slots.locked():  # every free slot: a takeover may fill them all
+            reclaim = self._reclaim_due()
+            while reclaim and not self._slots.locked():  # a takeover may fill every free slot
                 await self._slots.acquire()
                 held += 1
             try:
-                claims = await self._next_claims(held)
+                claims = await self._next_claims(held, reclaim)
             except RecoverableError as e:
                 for _ in range(held):
                     self._slots.release()
@@ -211,22 +212,25 @@ class Worker:
             return False
         return got
 
-    async def _next_claims(self, room: int) -> list[Claim]:
-        """Entries taken over from dead or lapsed workers (up to ``room``), else one new.
-
-        While a takeover fills every free slot, the next free slots go to the rest of it
-        before any new entry (a busy worker frees one slot at a time). After a store
-        outage no takeover for one heartbeat interval: every worker's registration and
-        leases may have lapsed meanwhile, and the live ones renew them within that time
-        (their heartbeat retries sooner after a failure).
-        """
+    def _reclaim_due(self) -> bool:
+        """Whether the next claim looks for entries to take over first: at most once per
+        ``_reclaim_every_s``, and at once while a takeover fills every free slot (a busy
+        worker frees one slot at a time, and the rest of a takeover goes before any new
+        entry). After a store outage no takeover for one heartbeat interval: every
+        worker's registration and leases may have lapsed meanwhile, and the live ones
+        renew them within that time (their heartbeat retries sooner after a failure)."""
         now = time.monotonic()
         if self._store_was_away:
             self._store_was_away = False
             self._more_to_take = False
             self._last_reclaim = now + self.settings.heartbeat_interval_s - self._reclaim_every_s
-        if self._more_to_take or now - self._last_reclaim >= self._reclaim_every_s:
-            self._last_reclaim = now
+        return self._more_to_take or now - self._last_reclaim >= self._reclaim_every_s
+
+    async def _next_claims(self, room: int, reclaim: bool) -> list[Claim]:
+        """With ``reclaim``, entries taken over from dead or lapsed workers (up to
+        ``room``); else, or when there are none, one new entry."""
+        if reclaim:
+            self._last_reclaim = time.monotonic()
             taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
             self._more_to_take = len(taken) == room
             if taken:

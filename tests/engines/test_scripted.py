@@ -100,7 +100,24 @@ async def test_text_streams_word_by_word(engine: ScriptedEngine) -> None:
     pieces: list[str] = []
     out = await engine.submit(req("[[tokens: 6]] [[answers: 3]]", on_text=pieces.append))
     assert "".join(pieces) == out.text
-    assert len(pieces) >= 2  # one piece per step, coalesced only within a step
+    assert len(pieces) >= 2  # the first piece at once, the rest with the row's end
+
+
+async def test_a_fast_engine_hands_its_pieces_over_coalesced() -> None:
+    """Steps of 0 ms: the first piece at once, then at most one delivery per 20 ms, not
+    one per step (each wakes the event loop); steps slower than that: a piece a step."""
+    fast, slow = ScriptedEngine(), ScriptedEngine(step_ms=(40, 0))
+    try:
+        many: list[str] = []
+        out = await fast.submit(req("[[tokens: 60]] [[answers: 3]]", on_text=many.append))
+        assert "".join(many) == out.text and out.completion_tokens == 60
+        assert 2 <= len(many) < 60
+        each: list[str] = []
+        out = await slow.submit(req("[[tokens: 5]] [[answers: 3]]", on_text=each.append))
+        assert "".join(each) == out.text and len(each) == out.completion_tokens == 5
+    finally:
+        await fast.close()
+        await slow.close()
 
 
 async def test_step_latency_model() -> None:

@@ -51,6 +51,9 @@ _START_TIMEOUT_S = 900.0
 _FEW_ROWS_SHARE = 0.5
 #: the tokens/s gauge is computed over windows of this length
 _RATE_WINDOW_S = 1.0
+#: a running row's text pieces go to its event loop at most this often (its first piece
+#: and its last go at once)
+_PIECES_EVERY_S = 0.02
 
 
 @dataclass(eq=False)
@@ -72,6 +75,8 @@ class Row:
     finish: FinishReason | None = None
     #: the text pieces produced since the last delivery to ``request.on_text``
     pieces: list[str] = field(default_factory=list)
+    #: when pieces were last delivered (engine clock)
+    delivered_at: float = -math.inf
     #: when it was preempted (None: running, or never preempted); a row is preempted at
     #: most once, so a stream of urgent rows cannot starve it
     preempted_at: float | None = None
@@ -427,12 +432,21 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     # --- delivery to the event loops --------------------------------------------------
     def _flush_pieces(self, rows: Sequence[R] | None = None) -> None:
-        """Send the queued text pieces, one callback per event loop."""
+        """Send the queued text pieces, one callback per event loop: all of ``rows`` (rows
+        that end), else of the running rows whose first piece this is or whose last
+        delivery is :data:`_PIECES_EVERY_S` old (a fast engine does not wake the event
+        loop at every step; the deltas downstream are coarser still)."""
+        now = self._clock()
+        due = now - _PIECES_EVERY_S
         by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Callable[[str], object], str]]] = {}
         for row in self._running if rows is None else rows:
-            if row.pieces and row.request.on_text is not None:
-                by_loop.setdefault(row.loop, []).append((row.request.on_text, "".join(row.pieces)))
-                row.pieces.clear()
+            if not row.pieces or row.request.on_text is None:
+                continue
+            if rows is None and row.delivered_at > due:
+                continue
+            by_loop.setdefault(row.loop, []).append((row.request.on_text, "".join(row.pieces)))
+            row.pieces.clear()
+            row.delivered_at = now
         for loop, calls in by_loop.items():
             _call_soon(loop, _run_callbacks, calls)
 
