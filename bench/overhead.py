@@ -37,6 +37,9 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    below what ponder feeds on 2 cores (``--capacity-slots`` 8 at once x 0.2 s = 40
    requests/s), ``--capacity-clients`` (3 x slots) polling clients: completed tasks/s
    against that capacity.
+6. **Versions** (only with ``--versions REV,REV,...``): the split scripted fast case for
+   each commit's ``src/``, round-robin over them for ``--version-rounds`` rounds, and the
+   median ratio of each to the first (before/after figures from one run).
 
 ``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
 temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
@@ -60,6 +63,7 @@ import random
 import re
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -87,7 +91,7 @@ ARQ_VERSION = "0.28.0"
 #: py-spy samples only the thread holding the GIL: Python-level CPU, robust to threads that
 #: are runnable but waiting for a core (which it would otherwise count as busy)
 PY_SPY_FLAGS = ["--nonblocking", "--gil", "--function", "--rate", "200"]
-PARTS = ("cases", "arq", "capacity", "scale", "profile", "redis-benchmark")
+PARTS = ("cases", "arq", "capacity", "scale", "versions", "profile", "redis-benchmark")
 
 
 def log(message: str) -> None:
@@ -311,12 +315,13 @@ class StandIn:
 PONDER_SRC: Path | None = None
 
 
-def ponder_env(**settings: object) -> dict[str, str]:
-    """This run's environment for ponder: none of the caller's PONDER_* variables."""
+def ponder_env(src: Path | None, **settings: object) -> dict[str, str]:
+    """This run's environment for ponder (importing it from ``src``, else from
+    :data:`PONDER_SRC`, else the installed one): none of the caller's PONDER_* variables."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PONDER_")}
-    if PONDER_SRC is not None:
+    if (src := src or PONDER_SRC) is not None:
         env["PYTHONPATH"] = os.pathsep.join(
-            [str(PONDER_SRC), *filter(None, [os.environ.get("PYTHONPATH")])]
+            [str(src), *filter(None, [os.environ.get("PYTHONPATH")])]
         )
     env.update({"PONDER_API_KEYS": "", "PONDER_LOG_LEVEL": "WARNING"})
     env.update({f"PONDER_{k.upper()}": str(v) for k, v in settings.items()})
@@ -332,9 +337,14 @@ class ClusterSpec:
     #: run each process under ``python -m cProfile -o <dir>/<name>.prof`` (the fallback
     #: profiler); stopped by SIGINT so that cProfile writes its file
     cprofile_dir: Path | None = None
+    #: ``--versions``: ponder's source tree of this commit (its ``git archive``)
+    src: Path | None = None
+    version: str = ""
 
     @property
     def label(self) -> str:
+        if self.version:
+            return f"split, {self.engine} @ {self.version}"
         if self.deployment == "embedded":
             return f"embedded, {self.engine}"
         if (self.apis, self.workers) == (1, 1):
@@ -362,7 +372,7 @@ class Cluster:
             settings.update(redis_url=redis.url, key_prefix=self.prefix)
         else:
             settings.update(sqlite_path=workdir / f"{self.prefix}.db")
-        self.env = ponder_env(**settings)
+        self.env = ponder_env(spec.src, **settings)
         self.ports: list[int] = []
         self.apis: list[Proc] = []
         self.workers: list[Proc] = []
@@ -458,7 +468,11 @@ class Client:
     """The benchmark's client: asyncio tasks over one httpx client per API URL."""
 
     def __init__(self, urls: Sequence[str], poll_s: float) -> None:
-        limits = httpx.Limits(max_connections=256, max_keepalive_connections=256)
+        # idle connections are dropped before uvicorn's keep-alive timeout (5 s) closes
+        # them: a request on a connection the server is closing fails with ReadError
+        limits = httpx.Limits(
+            max_connections=256, max_keepalive_connections=256, keepalive_expiry=2.0
+        )
         self.http = [httpx.AsyncClient(base_url=u, timeout=60, limits=limits) for u in urls]
         self.poll_s = poll_s
         self.errors: Counter[str] = Counter()
@@ -658,6 +672,9 @@ class Settings:
     capacity_tasks: int
     profile_tasks: int
     scale_rounds: int
+    #: ``--versions``: commits compared on the split scripted fast case, interleaved
+    versions: tuple[str, ...] = ()
+    version_rounds: int = 3
     cprofile: bool = False
     parts: tuple[str, ...] = PARTS
     loads: tuple[float, ...] = (0.5, 0.9)
@@ -1211,6 +1228,15 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
                 for n in (1, 2):
                     async with cluster_of(ClusterSpec("split", "scripted", n, n)) as cluster:
                         await scale_case(bench, cluster)
+        if "versions" in want and s.versions:
+            # round-robin over the commits, each from its own git archive
+            trees = {rev: checkout(rev, workdir / "versions" / rev) for rev in s.versions}
+            for _ in range(s.version_rounds):
+                for rev, commit in trees.items():
+                    src = workdir / "versions" / rev / "src"
+                    spec = ClusterSpec("split", "scripted", src=src, version=commit)
+                    async with cluster_of(spec) as cluster:
+                        await closed_fast(bench, cluster, "version")
         if "profile" in want:
             await bench.profile_run(ClusterSpec("split", "scripted"), s.cprofile)
         if "redis-benchmark" in want:
@@ -1252,7 +1278,8 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
     )
 
 
-async def scale_case(bench: Bench, cluster: Cluster) -> None:
+async def closed_fast(bench: Bench, cluster: Cluster, loop: str) -> Phase:
+    """A closed loop of fast tasks after a warm-up, recorded as ``loop``."""
     s = bench.s
     client = Client(cluster.urls, s.poll_s)
     try:
@@ -1262,9 +1289,14 @@ async def scale_case(bench: Bench, cluster: Cluster) -> None:
             start = bench.next_indices(s.tasks)
             return await closed_loop(client, "fast", s.tasks, s.clients, start), math.nan
 
-        phase, _ = await bench.measure(cluster, client, "fast", "scale-out", run)
+        phase, _ = await bench.measure(cluster, client, "fast", loop, run)
     finally:
         await client.aclose()
+    return phase
+
+
+async def scale_case(bench: Bench, cluster: Cluster) -> None:
+    phase = await closed_fast(bench, cluster, "scale-out")
     phase.extra["apis"], phase.extra["workers"] = cluster.spec.apis, cluster.spec.workers
     phase.extra["per_process_ms"] = {
         "api": phase.cpu_ms_per_task["api"] / cluster.spec.apis,
@@ -1602,6 +1634,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"{cap.load_end:.2f}."
         )
     render_scale(bench, add)
+    render_versions(bench, add)
     render_profile(bench, add)
     if png is not None:
         add("")
@@ -1622,6 +1655,50 @@ def commands_row(case: str, per_task: dict[str, float], usec_per_task: float | N
         + ", ".join(f"{k} {v:.1f}" for k, v in top)
         + " |"
     )
+
+
+def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
+    runs = [p for p in bench.phases if p.loop == "version"]
+    if not runs:
+        return
+    add("")
+    add("## Versions compared (`--versions`)")
+    add("")
+    add(
+        f"The split scripted fast case (closed loop of {bench.s.tasks} tasks, "
+        f"{bench.s.clients} polling clients, after a warm-up) for each commit's `src/` (a "
+        f"`git archive`), round-robin over the commits, {bench.s.version_rounds} rounds: the "
+        "machine's speed drifts over minutes, so compare within a round; the median ratio "
+        "to the first commit is over the rounds."
+    )
+    add("")
+    add(
+        "| commit | round | tasks/s | api | worker | redis-server | **service** | client | "
+        "load | other work (cores) |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    by_commit: dict[str, list[Phase]] = {}
+    for p in runs:
+        commit = p.case.split("@ ")[1].split(",")[0]
+        by_commit.setdefault(commit, []).append(p)
+        c = p.cpu_ms_per_task
+        add(
+            f"| {commit} | {len(by_commit[commit])} | {p.tasks_per_s:.1f} | {c['api']:.2f} | "
+            f"{c['worker']:.2f} | {c['redis']:.2f} | **{p.service_ms:.2f}** | "
+            f"{c['client']:.2f} | {p.load_start:.2f} -> {p.load_end:.2f} | "
+            f"{p.other_cores:.2f} |"
+        )
+    first, *others = by_commit
+    add("")
+    for commit in others:
+        ratios = [
+            b.service_ms / a.service_ms
+            for a, b in zip(by_commit[first], by_commit[commit], strict=False)
+        ]
+        add(
+            f"- {commit} / {first}, service CPU per task, per round: "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}; median **{statistics.median(ratios):.2f}**"
+        )
 
 
 def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
@@ -1863,6 +1940,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--capacity-clients", type=int, default=None, help="capacity test clients (3 x slots)"
     )
     p.add_argument("--scale-rounds", type=int, default=None, help="1+1 / 2+2 rounds (2)")
+    p.add_argument(
+        "--versions",
+        default="",
+        help="comma-separated commits to compare, interleaved, on the split scripted fast "
+        "case (each from its own git archive of src/; the 'versions' part; none by default)",
+    )
+    p.add_argument("--version-rounds", type=int, default=3, help="rounds over --versions (3)")
     p.add_argument("--cprofile", action="store_true", help="profile with cProfile, not py-spy")
     p.add_argument(
         "--only",
@@ -1895,6 +1979,8 @@ async def amain(args: argparse.Namespace) -> int:
         capacity_tasks=2 * tasks,
         profile_tasks=2 * tasks,
         scale_rounds=args.scale_rounds or (1 if args.quick else 2),
+        versions=tuple(v for v in args.versions.split(",") if v),
+        version_rounds=args.version_rounds,
         cprofile=args.cprofile,
         parts=tuple(part for part in args.only.split(",") if part),
     )
