@@ -1873,7 +1873,7 @@ def plot(bench: Bench, path: Path) -> None:
 
     bars: list[tuple[str, dict[str, float]]] = []
     for p in bench.phases:
-        if p.loop == "closed":
+        if p.loop in ("closed", "version"):
             c = p.cpu_ms_per_task
             parts = {
                 "api / serve": c.get("api", c.get("serve", 0.0)),
@@ -1882,6 +1882,8 @@ def plot(bench: Bench, path: Path) -> None:
                 "client": c["client"],
             }
             label = p.case.replace(", ", "\n", 1).replace("standard-5", "std-5")
+            if p.loop == "version":  # "split, scripted @ <commit>, fast"
+                label = "fast @\n" + p.case.split("@ ")[1].split(",")[0]
             bars.append((label, parts))
     for a in bench.arq:
         c = a["cpu_ms_per_job"]
