@@ -128,6 +128,6 @@ async def _caller(request: Request) -> CallerInfo:
 
 
 # ``caller: Caller``: State, Owner and rate_limit as one dependency, for the routes every
-# task passes through (POST and GET /v1/tasks): FastAPI's solving of each dependency
-# costs more per request than the dependency's own work.
+# task passes through (/v1/tasks and its event stream): FastAPI's solving of each
+# dependency costs more per request than the dependency's own work.
 Caller = Annotated[CallerInfo, Depends(_caller)]
