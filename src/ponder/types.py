@@ -205,9 +205,9 @@ class Task(BaseModel):
         return self.model_dump_json()
 
     def to_storage(self, rev: int | None = None) -> str:
-        """The JSON stored by the stores: the public JSON plus the owner and the revision
-        (``rev``, default the task's own), serialized in one pass."""
-        public = self.model_dump_json()
+        """The JSON stored by the stores: :meth:`to_public_json` plus the owner and the
+        revision (``rev``, default the task's own), serialized in one pass."""
+        public = self.to_public_json()
         rev = self.rev if rev is None else rev
         return f'{public[:-1]},"owner":{json.dumps(self.owner)},"rev":{rev}}}'
 
