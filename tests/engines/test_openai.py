@@ -311,3 +311,17 @@ async def test_refused_credentials_kill_the_engine(
 def test_the_model_name_is_required() -> None:
     with pytest.raises(ConfigError, match="PONDER_OPENAI_MODEL"):
         OpenAIEngine(load_settings(engine="openai", openai_model=""))
+
+
+async def test_a_server_that_is_not_there_fails_the_row_after_its_retries() -> None:
+    with socket.socket() as s:  # a port that nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    engine = make_engine(f"http://127.0.0.1:{port}/v1", openai_max_retries=2)
+    try:
+        (result,) = await engine.generate([SampleRequest(prompt=CAPITAL, max_new_tokens=2)])
+    finally:
+        await engine.close()
+    assert isinstance(result, EngineError)
+    assert f"cannot reach http://127.0.0.1:{port}/v1" in str(result)
+    assert engine.requests_sent == 3  # the first try and two retries
