@@ -31,10 +31,16 @@ def texts_by_index(events: list[Event]) -> dict[int, str]:
 
 
 def check_deltas(events: list[Event]) -> None:
-    """Deltas of a sample come before its ``sample`` event and add up to its text."""
+    """Deltas come after the task's ``running`` status, and those of a sample before its
+    ``sample`` event; they add up to its text."""
     final = {s["index"]: s for s in events[-1][2]["samples"]}
     ended: set[int] = set()
+    running = False
     for _, name, data in events:
+        if name == "status":
+            running = running or data["status"] == "running"
+        elif name == "delta":
+            assert running, "a delta before the task's running status"
         if name == "sample":
             ended.add(data["index"])
         elif name == "delta":

@@ -76,6 +76,26 @@ async def test_a_claim_carries_the_record_it_read_or_none(store: TaskStore) -> N
     assert claim == Claim(task.id, 2, claim.receipt)  # the record is not its identity
 
 
+async def test_a_claim_woken_by_a_blocking_read_carries_a_record_its_write_checks(
+    store: TaskStore,
+) -> None:
+    claimer = asyncio.create_task(store.claim("w", ALL, 10_000))
+    with pytest.raises(TimeoutError):  # it is waiting in the blocking read
+        await asyncio.wait_for(asyncio.shield(claimer), 0.3)
+    task = await add(store, 2)
+    claim = await asyncio.wait_for(claimer, 5)
+    assert claim is not None and claim.task_id == task.id
+    if claim.record is not None:  # the record the task was admitted with (Redis)
+        admitted = Task.from_storage(claim.record)
+        assert admitted == task
+        cancelled = task.model_copy()
+        cancelled.status = TaskStatus.cancelled
+        assert await store.update_task(cancelled)  # a change while the claim is handed out
+        admitted.status = TaskStatus.running
+        assert not await store.update_task(admitted)  # the worker's write finds it
+        assert (await store.get_task(task.id)).status == TaskStatus.cancelled  # type: ignore[union-attr]
+
+
 async def test_a_write_with_ack_acks_the_entry_and_a_refused_one_does_not(
     store: TaskStore,
 ) -> None:

@@ -71,9 +71,12 @@ class HostRoom:
 class Claim:
     """A queue entry handed to one worker. ``receipt`` identifies it for ack and renew.
 
-    ``record`` is the task's stored record (:meth:`~ponder.types.Task.to_storage`) when
-    the store read it in the same step as the claim (:meth:`WorkQueue.claim` may; None:
-    not read, or the task is gone). It is not part of the claim's identity.
+    ``record`` is a stored record of the task (:meth:`~ponder.types.Task.to_storage`) that
+    the store had at hand with the claim (:meth:`WorkQueue.claim` may give one; None: not
+    read, or the task is gone): the one stored at the claim, or, on a first delivery, the
+    one the task was admitted with, which a change made while it waited (a cancel) has
+    replaced since: the worker's first write, a compare-and-set over the record's
+    revision, finds that out. It is not part of the claim's identity.
     """
 
     task_id: str

@@ -24,21 +24,27 @@ class RedisEventLog(RedisBase, EventLog):
     async def read_events(
         self, task_id: str, after: str | None, block_ms: int = 0, limit: int = 100
     ) -> list[Event]:
-        """Event ids are stream ids; an ``after`` that is not one reads from the start."""
+        """Event ids are stream ids; an ``after`` that is not one reads from the start.
+
+        A blocking read is one XREAD BLOCK: it answers at once when events follow
+        ``after``, so no XRANGE goes first."""
         key = self._events_key(task_id)
         if after is not None and not _STREAM_ID.match(after):
             after = None
         with unavailable():
-            entries: Any = await self._r.xrange(
-                key, "-" if after is None else f"({after}", "+", limit
-            )
-            if not entries and block_ms > 0:
-                async with asyncio.timeout(block_ms / 1000 + self._timeout):
-                    reply: Any = await self._rb.xread(
-                        {key: after or "0-0"}, count=limit, block=block_ms
-                    )
-                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+            if block_ms > 0:
+                entries = await self._read_stream(key, after or "0-0", limit, block_ms)
+            else:
+                entries = await self._r.xrange(
+                    key, "-" if after is None else f"({after}", "+", limit
+                )
         return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
+
+    async def _read_stream(self, key: str, after: str, limit: int, block_ms: int) -> Any:
+        """XREAD BLOCK on the pool without a socket timeout, bounded here instead."""
+        async with asyncio.timeout(block_ms / 1000 + self._timeout):
+            reply: Any = await self._rb.xread({key: after}, count=limit, block=block_ms)
+        return [entry for _, stream_entries in reply for entry in stream_entries]
 
     # --- streamed text (delta events) -------------------------------------------------
     async def append_events(
@@ -61,11 +67,11 @@ class RedisEventLog(RedisBase, EventLog):
             if after is None:
                 newest: Any = await self._r.xrevrange(key, "+", "-", count=1)
                 after = newest[0][0] if newest else "0-0"
-            entries: Any = await self._r.xrange(key, f"({after}", "+", 100)
-            if not entries and block_ms > 0:
-                async with asyncio.timeout(block_ms / 1000 + self._timeout):
-                    reply: Any = await self._rb.xread({key: after}, count=100, block=block_ms)
-                entries = [entry for _, stream_entries in reply for entry in stream_entries]
+            entries: Any
+            if block_ms > 0:
+                entries = await self._read_stream(key, after, 100, block_ms)
+            else:
+                entries = await self._r.xrange(key, f"({after}", "+", 100)
         if not entries:
             return after, []
         return entries[-1][0], [fields["v"] for _, fields in entries]

@@ -81,7 +81,9 @@ if batch then
   redis.call('HSET', KEYS[1], 'lane', 'batch')
   redis.call('HINCRBY', KEYS[3], 'batch', 1)
 end
-redis.call('XADD', KEYS[2], '*', 'task', ARGV[1])
+-- the entry carries the record as admitted: a worker woken by a blocking read starts
+-- from it without reading the task (its compare-and-set write finds a later change)
+redis.call('XADD', KEYS[2], '*', 'task', ARGV[1], 'data', ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'total', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
 redis.call('ZADD', KEYS[4], 0, ARGV[8])

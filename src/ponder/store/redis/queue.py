@@ -50,7 +50,9 @@ class RedisWorkQueue(RedisBase, WorkQueue):
                         raise
                     return None  # the groups are back: the next claim reads them
         got = {
-            keys.index(key): Claim(fields["task"], priorities[keys.index(key)], entry_id)
+            keys.index(key): Claim(
+                fields["task"], priorities[keys.index(key)], entry_id, fields.get("data")
+            )
             for key, entries in reply
             for entry_id, fields in entries
         }
