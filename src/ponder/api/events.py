@@ -44,7 +44,7 @@ from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
 # that follow events
-__all__ = ["follow_events", "format_sse", "is_final", "router"]
+__all__ = ["follow_event_batches", "follow_events", "format_sse", "is_final", "router"]
 
 log = logging.getLogger("ponder.api")
 
@@ -70,6 +70,18 @@ async def follow_events(
     ``after`` (a client that already has everything). Without ``deltas``, ``delta``
     events are skipped (an interval with only those counts as idle).
     """
+    async for batch in follow_event_batches(store, task_id, after, idle_s=idle_s, deltas=deltas):
+        if not batch:
+            yield None
+        for event in batch:
+            yield event
+
+
+async def follow_event_batches(
+    store: TaskStore, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
+) -> AsyncIterator[list[Event]]:
+    """:func:`follow_events` a read at a time: the events of one read of the log (those
+    written together come together), or ``[]`` for a keep-alive tick."""
     loop = asyncio.get_running_loop()
     idle_ms = max(1, int(idle_s * 1000))
     block_ms = 0  # the first read does not wait: a finished task's stream ends at once
@@ -77,17 +89,21 @@ async def follow_events(
     last_yield = loop.time()
     while True:
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
+        batch: list[Event] = []
         for event in events:
             after = event.id
-            if not deltas and event.event == EventName.delta:
-                continue
-            yield event
+            if deltas or event.event != EventName.delta:
+                batch.append(event)
+                if is_final(event):
+                    break
+        if batch:
+            yield batch
             last_yield = loop.time()
-            if is_final(event):
+            if is_final(batch[-1]):
                 return
         if events:
             if loop.time() - last_yield >= idle_s:
-                yield None
+                yield []
                 last_yield = loop.time()
             # the task has not ended (no final event yet): wait for the next event at once;
             # a final event already written is read back without waiting
@@ -100,7 +116,7 @@ async def follow_events(
             ended, block_ms = True, 0  # one more read: the final event may have just landed
             continue
         if block_ms:
-            yield None  # a whole idle interval without an event
+            yield []  # a whole idle interval without an event
             last_yield = loop.time()
         block_ms = idle_ms
 
@@ -160,10 +176,14 @@ async def _resume_after(store: TaskStore, task_id: str, after: str | None) -> st
 async def _sse_stream(
     store: TaskStore, task_id: str, after: str | None, idle_s: float, deltas: bool
 ) -> AsyncIterator[bytes]:
-    yield f"retry: {_SSE_RETRY_MS}\n\n".encode()
+    # one chunk (one socket write) per read of the log; the retry line goes with the first
+    head = f"retry: {_SSE_RETRY_MS}\n\n".encode()
     try:
-        async for event in follow_events(store, task_id, after, idle_s=idle_s, deltas=deltas):
-            yield b": keep-alive\n\n" if event is None else format_sse(event)
+        async for batch in follow_event_batches(
+            store, task_id, after, idle_s=idle_s, deltas=deltas
+        ):
+            yield head + (b"".join(map(format_sse, batch)) if batch else b": keep-alive\n\n")
+            head = b""
     except RecoverableError as e:
         # Headers are sent: end the stream; the client resumes with Last-Event-ID.
         log.warning("events of task %s: %s", task_id, e)
