@@ -91,7 +91,7 @@ ARQ_VERSION = "0.28.0"
 #: py-spy samples only the thread holding the GIL: Python-level CPU, robust to threads that
 #: are runnable but waiting for a core (which it would otherwise count as busy)
 PY_SPY_FLAGS = ["--nonblocking", "--gil", "--function", "--rate", "200"]
-PARTS = ("cases", "arq", "capacity", "scale", "versions", "profile", "redis-benchmark")
+PARTS = ("cases", "arq", "floor", "capacity", "scale", "versions", "profile", "redis-benchmark")
 
 
 def log(message: str) -> None:
@@ -343,6 +343,8 @@ class ClusterSpec:
 
     @property
     def label(self) -> str:
+        if self.deployment == "floor":
+            return "floor"
         if self.version:
             return f"split, {self.engine} @ {self.version}"
         if self.deployment == "embedded":
@@ -431,6 +433,32 @@ class Cluster:
         sig = signal.SIGTERM if self.spec.cprofile_dir is None else signal.SIGINT
         for p in self.workers + self.apis:
             await p.stop(sig, timeout_s=60)
+
+
+class FloorCluster(Cluster):
+    """``bench/floor_service.py``: the same shape on the same stack, doing nothing else
+    (an API process and a worker process with 16 claim loops, over the run's Redis)."""
+
+    async def start(self) -> FloorCluster:
+        script = str(Path(__file__).with_name("floor_service.py"))
+        port = free_port()
+        self.ports.append(port)
+        argv = [sys.executable, script, "api", str(port), self.redis.url, self.prefix]
+        self.apis.append(
+            await Proc(f"{self.prefix}-floor-api", argv, self.env, self.workdir).start()
+        )
+        argv = [sys.executable, script, "worker", self.redis.url, self.prefix, "16"]
+        self.workers.append(
+            await Proc(f"{self.prefix}-floor-worker", argv, self.env, self.workdir).start()
+        )
+
+        async def ready() -> bool:
+            async with httpx.AsyncClient(base_url=self.urls[0], timeout=5) as c:
+                r = await c.get("/readyz")
+                return r.status_code == 200 and r.json()["workers"] >= 1
+
+        await until(ready, "the floor service ready", 60, self.procs)
+        return self
 
 
 # --- the ponder client -----------------------------------------------------------------
@@ -1178,7 +1206,8 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
     async def cluster_of(
         spec: ClusterSpec, standin: StandIn | None = None
     ) -> AsyncIterator[Cluster]:
-        cluster = Cluster(spec, bench.redis, standin or bench.standin, workdir)
+        kind = FloorCluster if spec.deployment == "floor" else Cluster
+        cluster = kind(spec, bench.redis, standin or bench.standin, workdir)
         clusters.append(cluster)
         try:
             yield await cluster.start()
@@ -1196,14 +1225,24 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
         if "capacity" in want:
             await bench.capacity_standin.start()
         bench.notes.append(f"redis-server {await bench.redis.version()}")
+
+        async def floor(label: str) -> None:
+            if "floor" in want:
+                async with cluster_of(ClusterSpec("floor", "none")) as cluster:
+                    phase = await closed_fast(bench, cluster, "floor")
+                    phase.extra["label"] = label
+
         if "cases" in want:
-            # the key comparison, interleaved: arq, ponder split scripted fast, arq
+            # the key comparison, interleaved: arq, the floor, ponder split scripted fast,
+            # arq, the floor
             if arq:
                 await bench.arq_run("before")
+            await floor("before")
             async with cluster_of(ClusterSpec("split", "scripted")) as cluster:
                 await bench.case(cluster, "fast")
                 if arq:
                     await bench.arq_run("after")
+                await floor("after")
                 await bench.case(cluster, "standard-5")
                 await bench.case(cluster, f"fast{SSE}", open_loads=False)
             async with cluster_of(ClusterSpec("split", "openai")) as cluster:
@@ -1586,6 +1625,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"{a['load_start']:.2f} -> {a['load_end']:.2f} | {a['other_cores']:.2f} |"
         )
     add("")
+    render_floor(bench, add)
     add("## Goals (issue #23, requirement 2)")
     add("")
     add("| goal | measured | verdict |")
@@ -1655,6 +1695,50 @@ def commands_row(case: str, per_task: dict[str, float], usec_per_task: float | N
         + ", ".join(f"{k} {v:.1f}" for k, v in top)
         + " |"
     )
+
+
+def render_floor(bench: Bench, add: Callable[[str], None]) -> None:
+    runs = [p for p in bench.phases if p.loop == "floor"]
+    sf = find(bench, "split", "scripted", "fast", "closed")
+    if not runs:
+        return
+    add("## The floor: ponder's shape on ponder's stack, doing nothing else")
+    add("")
+    add(
+        "`bench/floor_service.py`: FastAPI on uvicorn (httptools, uvloop) and redis-py "
+        "(hiredis), as ponder. `POST /v1/tasks` validates the body with a pydantic model and "
+        "stores the task with one Lua script (record, queue entry, first event); `GET "
+        "/v1/tasks/{id}` answers the stored record as it is (one HGET). Its worker: 16 loops, "
+        "each XREADGROUP BLOCK for one entry, then one Lua script ending the task (record "
+        "`done`, a `result` event, the entry acked). Two HTTP requests and four Redis round "
+        "trips a task; no engine, no vote, no owners, limits, metrics or webhooks. Same "
+        "client as ponder's cases (polling), same redis-server; right before and right after "
+        "ponder's split scripted fast case."
+    )
+    add("")
+    add(
+        "| run | tasks done | tasks/s | api | worker | redis-server | **service** | client | "
+        "polls/task | load | other work (cores) |"
+    )
+    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    for p in runs:
+        c = p.cpu_ms_per_task
+        add(
+            f"| {p.extra.get('label', '')} | {p.done}/{p.tasks} | {p.tasks_per_s:.1f} | "
+            f"{c['api']:.2f} | {c['worker']:.2f} | {c['redis']:.2f} | **{p.service_ms:.2f}** | "
+            f"{c['client']:.2f} | {p.polls_per_task:.1f} | {p.load_start:.2f} -> "
+            f"{p.load_end:.2f} | {p.other_cores:.2f} |"
+        )
+    floor_ms = statistics.fmean(p.service_ms for p in runs)
+    add("")
+    if sf:
+        add(
+            f"ponder's split scripted fast task: {sf.service_ms:.2f} ms = "
+            f"{sf.service_ms / floor_ms:.2f}x the floor's {floor_ms:.2f} ms (the mean of its "
+            f"runs): ponder's own work over the stack's is {sf.service_ms - floor_ms:.2f} ms a "
+            f"task. The 2.5 ms goal leaves {2.5 - floor_ms:.2f} ms over this floor."
+        )
+        add("")
 
 
 def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
