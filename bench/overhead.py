@@ -38,8 +38,9 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    requests/s), ``--capacity-clients`` (3 x slots) polling clients: completed tasks/s
    against that capacity.
 6. **Versions** (only with ``--versions REV,REV,...``): the split scripted fast case for
-   each commit's ``src/``, round-robin over them for ``--version-rounds`` rounds, and the
-   median ratio of each to the first (before/after figures from one run).
+   each commit's ``src/``, round-robin over them for ``--version-rounds`` rounds (every
+   other round in reverse order), and the median ratio of each to the first (before/after
+   figures from one run).
 
 ``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
 temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
@@ -702,7 +703,7 @@ class Settings:
     scale_rounds: int
     #: ``--versions``: commits compared on the split scripted fast case, interleaved
     versions: tuple[str, ...] = ()
-    version_rounds: int = 3
+    version_rounds: int = 4
     cprofile: bool = False
     parts: tuple[str, ...] = PARTS
     loads: tuple[float, ...] = (0.5, 0.9)
@@ -1268,10 +1269,13 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
                     async with cluster_of(ClusterSpec("split", "scripted", n, n)) as cluster:
                         await scale_case(bench, cluster)
         if "versions" in want and s.versions:
-            # round-robin over the commits, each from its own git archive
+            # round-robin over the commits, each from its own git archive; every other
+            # round in reverse order (ABBA), since the later place in a round measured
+            # 10-25 % more CPU in one run (the machine heating up, load rising)
             trees = {rev: checkout(rev, workdir / "versions" / rev) for rev in s.versions}
-            for _ in range(s.version_rounds):
-                for rev, commit in trees.items():
+            for r in range(s.version_rounds):
+                order = list(trees.items())
+                for rev, commit in order if r % 2 == 0 else order[::-1]:
                     src = workdir / "versions" / rev / "src"
                     spec = ClusterSpec("split", "scripted", src=src, version=commit)
                     async with cluster_of(spec) as cluster:
@@ -1751,7 +1755,8 @@ def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
     add(
         f"The split scripted fast case (closed loop of {bench.s.tasks} tasks, "
         f"{bench.s.clients} polling clients, after a warm-up) for each commit's `src/` (a "
-        f"`git archive`), round-robin over the commits, {bench.s.version_rounds} rounds: the "
+        f"`git archive`), round-robin over the commits, {bench.s.version_rounds} rounds, "
+        "every other one in reverse order (a later place in a round can cost more): the "
         "machine's speed drifts over minutes, so compare within a round; the median ratio "
         "to the first commit is over the rounds."
     )
@@ -2032,7 +2037,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         help="comma-separated commits to compare, interleaved, on the split scripted fast "
         "case (each from its own git archive of src/; the 'versions' part; none by default)",
     )
-    p.add_argument("--version-rounds", type=int, default=3, help="rounds over --versions (3)")
+    p.add_argument("--version-rounds", type=int, default=4, help="rounds over --versions (4)")
     p.add_argument("--cprofile", action="store_true", help="profile with cProfile, not py-spy")
     p.add_argument(
         "--only",
