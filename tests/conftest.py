@@ -30,13 +30,17 @@ EXIT_DEADLINE_S = 60
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """Under pytest-xdist (``make test``: ``--dist loadgroup``), the tests that load the real
-    model run in one worker, so that each model is loaded once per run, and the browser
-    tests in one, so that one Chromium serves them."""
+    model run in one worker, so that each model is loaded once per run, the browser tests
+    in one, so that one Chromium serves them, and the sandbox's in one: as root, every
+    bwrap run's program is uid 65534, whose process limit they share, so a contained fork
+    bomb fills it for the others while it lasts (a fork in another run then fails)."""
     for item in items:
         if item.get_closest_marker("model"):
             item.add_marker(pytest.mark.xdist_group("model"))
         elif item.path.parent.name == "console":
             item.add_marker(pytest.mark.xdist_group("browser"))
+        elif item.path.name == "test_sandbox.py":
+            item.add_marker(pytest.mark.xdist_group("sandbox"))
 
 
 @pytest.hookimpl(trylast=True)

@@ -282,13 +282,17 @@ async def test_bwrap_runs_unprivileged(bwrap: Isolation) -> None:
 
 
 async def test_bwrap_a_fork_bomb_is_contained(bwrap: Isolation) -> None:
+    # the children wait for the parent's end (the pipe's EOF), so that the limit shared
+    # by every bwrap run as root is not held longer than the count takes
     count = (
-        "import os, time\n"
+        "import os\n"
+        "r, w = os.pipe()\n"
         "children = 0\n"
         "try:\n"
         f"    for _ in range({NPROC_LIMIT * 4}):  # bounded: were the limit missing\n"
         "        if os.fork() == 0:\n"
-        "            time.sleep(30)\n"
+        "            os.close(w)\n"
+        "            os.read(r, 1)\n"
         "            os._exit(0)\n"
         "        children += 1\n"
         "except OSError as e:\n"
