@@ -1272,9 +1272,8 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
             # round-robin over the commits, each from its own git archive; every other
             # round in reverse order (ABBA), since the later place in a round measured
             # 10-25 % more CPU in one run (the machine heating up, load rising)
-            trees = {rev: checkout(rev, workdir / "versions" / rev) for rev in s.versions}
+            order = [(rev, checkout(rev, workdir / "versions" / rev)) for rev in s.versions]
             for r in range(s.version_rounds):
-                order = list(trees.items())
                 for rev, commit in order if r % 2 == 0 else order[::-1]:
                     src = workdir / "versions" / rev / "src"
                     spec = ClusterSpec("split", "scripted", src=src, version=commit)
@@ -1703,7 +1702,6 @@ def commands_row(case: str, per_task: dict[str, float], usec_per_task: float | N
 
 def render_floor(bench: Bench, add: Callable[[str], None]) -> None:
     runs = [p for p in bench.phases if p.loop == "floor"]
-    sf = find(bench, "split", "scripted", "fast", "closed")
     if not runs:
         return
     add("## The floor: ponder's shape on ponder's stack, doing nothing else")
@@ -1735,7 +1733,7 @@ def render_floor(bench: Bench, add: Callable[[str], None]) -> None:
         )
     floor_ms = statistics.fmean(p.service_ms for p in runs)
     add("")
-    if sf:
+    if sf := find(bench, "split", "scripted", "fast", "closed"):
         add(
             f"ponder's split scripted fast task: {sf.service_ms:.2f} ms = "
             f"{sf.service_ms / floor_ms:.2f}x the floor's {floor_ms:.2f} ms (the mean of its "

@@ -35,7 +35,8 @@ MEANINGS = {
     "modes": "the modes' defaults and caps: one variable per field, "
     "`PONDER_MODES__<MODE>__<FIELD>` (e.g. `PONDER_MODES__STANDARD__SAMPLES=5`); the table "
     "below",
-    "openai_timeout_s": "openai engine: time limit to connect, and between two reads of an answer (s)",
+    "openai_timeout_s": "openai engine: time limit to connect, and between two reads of an "
+    "answer (s)",
     "openai_max_retries": "openai engine: retries of a failed request",
 }
 #: defaults that depend on the machine or the process: shown as words
