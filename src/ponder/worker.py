@@ -564,13 +564,15 @@ class TaskRun:
         return events
 
     async def _off_loop(self, fn: Callable[..., _R], *args: Any, **kwargs: Any) -> _R:
-        """Run a vote function on a snapshot of the samples, in a thread when it may compare
-        answers: equivalence (math-verify) can take a while and must not block the event
-        loop. With fewer than two distinct answers there is nothing to compare, and the
-        thread's hand-off would cost more than the call (a fast task's every boundary)."""
-        snapshot = [s.model_copy() for s in self.task.samples]
-        if len({s.answer for s in snapshot if s.answer is not None}) < 2:
-            return fn(snapshot, *args, **kwargs)
+        """Run a vote function in a thread, on a snapshot of the samples, when it may
+        compare answers: equivalence (math-verify) can take a while and must not block the
+        event loop. With fewer than two distinct answers there is nothing to compare, and
+        the thread's hand-off would cost more than the call (a fast task's every boundary):
+        it runs here, on the samples themselves (nothing changes them during the call)."""
+        samples = self.task.samples
+        if len({s.answer for s in samples if s.answer is not None}) < 2:
+            return fn(samples, *args, **kwargs)
+        snapshot = [s.model_copy() for s in samples]
         return await asyncio.to_thread(fn, snapshot, *args, **kwargs)
 
     def _ran(self) -> int:

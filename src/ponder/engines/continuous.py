@@ -54,6 +54,10 @@ _RATE_WINDOW_S = 1.0
 #: a running row's text pieces go to its event loop at most this often (its first piece
 #: and its last go at once)
 _PIECES_EVERY_S = 0.02
+#: the row gauges by state, in :meth:`ContinuousEngine._publish`'s order
+_ROW_GAUGES = tuple(
+    metrics.ENGINE_ROWS.labels(state=state) for state in ("running", "prefilling", "queued")
+)
 
 
 @dataclass(eq=False)
@@ -164,6 +168,8 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         self._running: list[R] = []
         self._rate_since = clock()
         self._rate_tokens = 0
+        #: the row counts last set on the gauges (running, prefilling, queued)
+        self._published_rows: tuple[int, int, int] | None = None
 
     # --- the async side ---------------------------------------------------------------
     async def start(self) -> None:
@@ -460,9 +466,13 @@ class ContinuousEngine(BaseEngine, Generic[R]):
             _call_soon(loop, _settle, items)
 
     def _publish(self) -> None:
-        metrics.ENGINE_ROWS.labels(state="running").set(len(self._running))
-        metrics.ENGINE_ROWS.labels(state="prefilling").set(len(self._joining))
-        metrics.ENGINE_ROWS.labels(state="queued").set(len(self._queue))
+        """Set the row gauges (when a count changed: this runs at every step) and, once a
+        window, the tokens/s gauge."""
+        rows = (len(self._running), len(self._joining), len(self._queue))
+        if rows != self._published_rows:
+            self._published_rows = rows
+            for gauge, count in zip(_ROW_GAUGES, rows, strict=True):
+                gauge.set(count)
         now = self._clock()
         if now - self._rate_since >= _RATE_WINDOW_S:
             tokens = self.stats.tokens - self._rate_tokens

@@ -262,18 +262,21 @@ class Strategy:
         """Extract the sample's answer (the answer type runs its program or the task's
         tests where there are any) and set its calibrated confidence."""
         await self.answers.prepare(sample, self.task, self.settings)
-        self.rejudge(sample)
+        self._extract(sample)
         await self.answers.check(sample, self.task, self.settings)
-        sample.confidence = self.sample_confidence(sample)
+        sample.confidence = self.sample_confidence(sample)  # once: after the check
 
     def rejudge(self, sample: Sample) -> None:
         """Set the answer and confidence from the sample's text (the answer type's
         :meth:`~ponder.enhance.answers.AnswerType.answer_text`: a math program-of-thought
         sample's is the last line its program printed). The quality benchmark calls this
         on recorded samples."""
+        self._extract(sample)
+        sample.confidence = self.sample_confidence(sample)
+
+    def _extract(self, sample: Sample) -> None:
         text = self.answers.answer_text(sample)
         sample.answer = self.answers.extract(text, self.question) if text.strip() else None
-        sample.confidence = self.sample_confidence(sample)
 
     def sample_confidence(self, sample: Sample) -> float:
         """P(this sample's answer is right); 0 without an answer."""

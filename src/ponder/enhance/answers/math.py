@@ -211,6 +211,16 @@ def question_numbers(prompt: str) -> frozenset[str]:
     return frozenset(_math_key_of(n) for n in _NUMBER.findall(prompt[-TAIL_CHARS:]))
 
 
+@functools.lru_cache(maxsize=4096)
+def _math_key(answer: str) -> str:
+    """:meth:`MathAnswer.key` (cached, as :func:`_math_normal`)."""
+    s = _math_normal(answer)
+    value = as_rational(s)
+    if value is not None:
+        return str(value)
+    return re.sub(r"\s+", "", s)
+
+
 def _math_key_of(number: str) -> str:
     value = as_rational(_math_normal(number))
     return str(value) if value is not None else number
@@ -222,7 +232,9 @@ _NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE
 
 
 @functools.lru_cache(maxsize=4096)
-def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
+def extract_math(text: str, prompt: str = "") -> str | None:
+    """The final answer ``text`` states; the numbers of the question (``prompt``) are
+    read only when a stated result must be told from a restated number."""
     text = text[-TAIL_CHARS:]
     boxed = all_boxed(text)
     if boxed:
@@ -239,13 +251,13 @@ def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
         ans = clean_math(cut_sentence(stmt))
         if _WORDY.match(ans):
             # "the answer is the sum of 2 and 4, which is 6": the result it states
-            results = stated_results(stmt, asked)
+            results = stated_results(stmt, question_numbers(prompt))
             if results:
                 return clean_math(results[-1]) or None
             continue
         if _looks_mathy(ans):
             return ans
-    results = stated_results(text, asked)
+    results = stated_results(text, question_numbers(prompt))
     if not results and len(text.split()) <= 4:
         results = stated_results(text)  # a bare "3 days." is the answer it gives
     if results:
@@ -253,8 +265,10 @@ def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=4096)
 def _math_normal(answer: str) -> str:
-    """The cleaned answer in the form both the key and math-verify see."""
+    """The cleaned answer in the form both the key and math-verify see (cached: a task's
+    vote keys each answer at every sample boundary)."""
     s = clean_math(answer)
     s = s.replace("\\dfrac", "\\frac").replace("\\tfrac", "\\frac")
     s = re.sub(r"\\left\s*|\\right\s*", "", s)
@@ -347,11 +361,15 @@ class MathAnswer(AnswerType):
         sample.program_output = run.stdout[-2000:]
         sample.isolation = run.isolation
 
+    def question(self, prompt: str) -> Question:
+        """The prompt alone: math reads its numbers (:func:`question_numbers`), only when
+        it must, and never its words."""
+        return Question(prompt=prompt)
+
     def extract(self, text: str, question: Question) -> str | None:
         """The final stated answer; a whole number written with a zero fraction ("12.0")
         is shown as the whole number."""
-        asked = question_numbers(question.prompt) if question.prompt else frozenset()
-        answer = extract_math(text, asked)
+        answer = extract_math(text, question.prompt)
         if answer is not None and _ZERO_FRACTION.match(answer):
             return answer.split(".", 1)[0]
         return answer
@@ -360,11 +378,7 @@ class MathAnswer(AnswerType):
         """A plain rational as ``str(Fraction)`` ("12" for 12, 12.0, 1,234 → "1234",
         \\frac{24}{2}, 12 apples, $12, 12%; "1/2" for 0.5), else the cleaned LaTeX
         without spaces."""
-        s = _math_normal(answer)
-        value = as_rational(s)
-        if value is not None:
-            return str(value)
-        return re.sub(r"\s+", "", s)
+        return _math_key(answer)
 
     def same(self, a: str, b: str) -> bool:
         if a == b:
