@@ -1778,13 +1778,19 @@ def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
     first, *others = by_commit
     add("")
     for commit in others:
-        ratios = [
-            b.service_ms / a.service_ms
-            for a, b in zip(by_commit[first], by_commit[commit], strict=False)
-        ]
+        pairs = list(zip(by_commit[first], by_commit[commit], strict=False))
+        ratios = [b.service_ms / a.service_ms for a, b in pairs]
+        controls = [b.cpu_ms_per_task["client"] / a.cpu_ms_per_task["client"] for a, b in pairs]
+        relative = [r / c for r, c in zip(ratios, controls, strict=True)]
         add(
             f"- {commit} / {first}, service CPU per task, per round: "
             f"{', '.join(f'{r:.2f}' for r in ratios)}; median **{statistics.median(ratios):.2f}**"
+        )
+        add(
+            f"- the same for the client, whose code is the same for both (a control for the "
+            f"machine's speed): {', '.join(f'{c:.2f}' for c in controls)}; the service's "
+            f"ratio over the client's, per round: {', '.join(f'{r:.2f}' for r in relative)}; "
+            f"median {statistics.median(relative):.2f}"
         )
 
 
