@@ -30,12 +30,13 @@ from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
 from ponder.api.deps import AppState, Caller, check_rate, get_owner
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
+from ponder.api.streaming import StreamResponse, event_stream
 from ponder.api.tasks import load_task
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_final, is_terminal
@@ -195,7 +196,7 @@ Deltas = Annotated[bool, Query(description="include `delta` events (the text of 
 @router.get(
     "/tasks/{task_id}/events",
     responses={200: {"content": {"text/event-stream": {}}}, **_ERRORS},
-    response_class=StreamingResponse,
+    response_class=StreamResponse,
 )
 async def task_events(
     task_id: str,
@@ -203,7 +204,7 @@ async def task_events(
     last_event_id_header: Annotated[str | None, Header(alias="Last-Event-ID")] = None,
     last_event_id: Annotated[str | None, Query(description="resume after this event")] = None,
     deltas: Deltas = True,
-) -> StreamingResponse:
+) -> StreamResponse:
     """Server-Sent Events of the task: ``status``, ``delta``, ``sample``, ``preliminary``,
     ``result``.
 
@@ -216,10 +217,8 @@ async def task_events(
     state = caller.state
     await load_task(state.store, task_id, caller.owner)
     after = await _resume_after(state.store, task_id, after)
-    return StreamingResponse(
-        _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s, deltas),
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
+    return event_stream(
+        _sse_stream(state.store, task_id, after, state.settings.events_keepalive_s, deltas)
     )
 
 

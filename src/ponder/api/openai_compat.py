@@ -45,7 +45,7 @@ from typing import Any
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ponder.api.deps import AppState, get_state
 from ponder.api.events import follow_events, is_final
@@ -57,6 +57,7 @@ from ponder.api.openai_common import (
     read_json,
     wait_unless_gone,
 )
+from ponder.api.streaming import event_stream
 from ponder.errors import RecoverableError
 from ponder.openai.chat import (
     ChatCompletionRequest,
@@ -208,11 +209,7 @@ async def chat_completions(request: Request) -> Response:
     req, task_req = chat_body(await read_json(request), state.settings)
     task, _ = await submit(state, task_req, owner, request.headers.get("idempotency-key"))
     if req.stream:
-        return StreamingResponse(
-            _stream(state, task, req, owner),
-            media_type="text/event-stream",
-            headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-        )
+        return event_stream(_stream(state, task, req, owner))
     return await _answer(request, state, task, req, owner)
 
 

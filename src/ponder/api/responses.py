@@ -34,7 +34,7 @@ from typing import Any, NamedTuple
 
 import anyio
 from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse, Response, StreamingResponse
+from fastapi.responses import JSONResponse, Response
 
 from ponder import admission
 from ponder.api.deps import AppState, get_state
@@ -47,6 +47,7 @@ from ponder.api.openai_common import (
     read_json,
     wait_unless_gone,
 )
+from ponder.api.streaming import event_stream
 from ponder.errors import AdmissionError, RecoverableError
 from ponder.ids import parse_task_id, sort_key
 from ponder.openai.common import OpenAIError, check_webhook_url, list_body, submit
@@ -110,14 +111,6 @@ async def _ended_task(store: TaskStore, event: Event, task_id: str) -> Task:
     return task
 
 
-def _streaming(body: AsyncIterator[bytes]) -> StreamingResponse:
-    return StreamingResponse(
-        body,
-        media_type="text/event-stream",
-        headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"},
-    )
-
-
 # --- routes ---------------------------------------------------------------------------
 class _Loaded(NamedTuple):
     state: AppState
@@ -166,7 +159,8 @@ async def create_response(request: Request) -> Response:
         if not await state.store.create_object(obj, ttl_s=2 * state.settings.task_ttl_s):
             meta = (await _find(state, obj.id, owner))[0].data
     if req.stream:
-        return _streaming(_stream(state, meta, task, owner, -1, cancel_on_leave=not req.background))
+        stream = _stream(state, meta, task, owner, -1, cancel_on_leave=not req.background)
+        return event_stream(stream)
     if req.background:
         return JSONResponse(response_object(meta, task))
     final = await wait_unless_gone(
@@ -185,7 +179,7 @@ async def retrieve_response(response_id: str, request: Request) -> Response:
     state, owner, obj, task = await _load(request, response_id)
     if request.query_params.get("stream", "false").lower() in ("true", "1"):
         after = query_int(request, "starting_after", -1, -1, 2**62)
-        return _streaming(_stream(state, obj.data, task, owner, after, cancel_on_leave=False))
+        return event_stream(_stream(state, obj.data, task, owner, after, cancel_on_leave=False))
     return JSONResponse(response_object(obj.data, task))
 
 
