@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException
 
 from ponder import admission
-from ponder.api.deps import Caller
+from ponder.api.deps import Caller, caller_info
 from ponder.api.errors import ApiError
 from ponder.api.schemas import ErrorBody, TaskList
 from ponder.errors import AdmissionError
@@ -83,7 +83,8 @@ class StrictJSONRoute(APIRoute):
         return strict_handler
 
 
-# every route takes ``caller: Caller`` (which applies the rate limit)
+# every route takes ``caller: Caller`` (which applies the rate limit), or calls
+# ``caller_info`` first (the polled route)
 router = APIRouter(prefix="/v1", tags=["tasks"], route_class=StrictJSONRoute)
 
 _ERRORS: dict[int | str, dict[str, Any]] = {
@@ -124,8 +125,9 @@ async def create_task(
 
 
 @router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
-async def get_task(task_id: str, caller: Caller) -> Response:
+async def get_task(task_id: str, request: Request) -> Response:
     """The task with its samples, result and error."""
+    caller = await caller_info(request)  # by hand: the route clients poll
     return _task_response(await admission.load_task(caller.state.store, task_id, caller.owner))
 
 
