@@ -37,10 +37,11 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    below what ponder feeds on 2 cores (``--capacity-slots`` 8 at once x 0.2 s = 40
    requests/s), ``--capacity-clients`` (3 x slots) polling clients: completed tasks/s
    against that capacity.
-6. **Versions** (only with ``--versions REV,REV,...``): the split scripted fast case for
-   each commit's ``src/``, round-robin over them for ``--version-rounds`` rounds (every
-   other round in reverse order), and the median ratio of each to the first (before/after
-   figures from one run).
+6. **Versions** (only with ``--versions REV,REV,...``): the closed loop of each of
+   ``--version-cases`` (default the split scripted fast case) for each commit's ``src/``,
+   round-robin over the commits for ``--version-rounds`` rounds (every other round in
+   reverse order), and the median ratio of each to the first (before/after figures from
+   one run).
 
 ``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
 temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
@@ -347,7 +348,7 @@ class ClusterSpec:
         if self.deployment == "floor":
             return "floor"
         if self.version:
-            return f"split, {self.engine} @ {self.version}"
+            return f"{self.deployment}, {self.engine} @ {self.version}"
         if self.deployment == "embedded":
             return f"embedded, {self.engine}"
         if (self.apis, self.workers) == (1, 1):
@@ -701,9 +702,11 @@ class Settings:
     capacity_tasks: int
     profile_tasks: int
     scale_rounds: int
-    #: ``--versions``: commits compared on the split scripted fast case, interleaved
+    #: ``--versions``: commits compared on ``version_cases``, interleaved
     versions: tuple[str, ...] = ()
     version_rounds: int = 4
+    #: ``--version-cases``: (deployment, engine, mode) of each case the versions part runs
+    version_cases: tuple[tuple[str, str, str], ...] = (("split", "scripted", "fast"),)
     cprofile: bool = False
     parts: tuple[str, ...] = PARTS
     loads: tuple[float, ...] = (0.5, 0.9)
@@ -1230,7 +1233,7 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
         async def floor(label: str) -> None:
             if "floor" in want:
                 async with cluster_of(ClusterSpec("floor", "none")) as cluster:
-                    phase = await closed_fast(bench, cluster, "floor")
+                    phase = await closed_case(bench, cluster, "floor")
                     phase.extra["label"] = label
 
         if "cases" in want:
@@ -1274,11 +1277,12 @@ async def run_all(s: Settings, workdir: Path) -> Bench:
             # 10-25 % more CPU in one run (the machine heating up, load rising)
             order = [(rev, checkout(rev, workdir / "versions" / rev)) for rev in s.versions]
             for r in range(s.version_rounds):
-                for rev, commit in order if r % 2 == 0 else order[::-1]:
-                    src = workdir / "versions" / rev / "src"
-                    spec = ClusterSpec("split", "scripted", src=src, version=commit)
-                    async with cluster_of(spec) as cluster:
-                        await closed_fast(bench, cluster, "version")
+                for deployment, engine, mode in s.version_cases:
+                    for rev, commit in order if r % 2 == 0 else order[::-1]:
+                        src = workdir / "versions" / rev / "src"
+                        spec = ClusterSpec(deployment, engine, src=src, version=commit)
+                        async with cluster_of(spec) as cluster:
+                            await closed_case(bench, cluster, "version", mode)
         if "profile" in want:
             await bench.profile_run(ClusterSpec("split", "scripted"), s.cprofile)
         if "redis-benchmark" in want:
@@ -1320,25 +1324,25 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
     )
 
 
-async def closed_fast(bench: Bench, cluster: Cluster, loop: str) -> Phase:
-    """A closed loop of fast tasks after a warm-up, recorded as ``loop``."""
+async def closed_case(bench: Bench, cluster: Cluster, loop: str, mode: str = "fast") -> Phase:
+    """A closed loop of ``mode`` tasks after a warm-up, recorded as ``loop``."""
     s = bench.s
     client = Client(cluster.urls, s.poll_s)
     try:
-        await bench.warm(client, "fast")
+        await bench.warm(client, mode)
 
         async def run() -> tuple[list[TaskResult], float]:
             start = bench.next_indices(s.tasks)
-            return await closed_loop(client, "fast", s.tasks, s.clients, start), math.nan
+            return await closed_loop(client, mode, s.tasks, s.clients, start), math.nan
 
-        phase, _ = await bench.measure(cluster, client, "fast", loop, run)
+        phase, _ = await bench.measure(cluster, client, mode, loop, run)
     finally:
         await client.aclose()
     return phase
 
 
 async def scale_case(bench: Bench, cluster: Cluster) -> None:
-    phase = await closed_fast(bench, cluster, "scale-out")
+    phase = await closed_case(bench, cluster, "scale-out")
     phase.extra["apis"], phase.extra["workers"] = cluster.spec.apis, cluster.spec.workers
     phase.extra["per_process_ms"] = {
         "api": phase.cpu_ms_per_task["api"] / cluster.spec.apis,
@@ -1750,48 +1754,55 @@ def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
     add("")
     add("## Versions compared (`--versions`)")
     add("")
+    cases = ", ".join(f"{d} {e} {m}" for d, e, m in bench.s.version_cases)
     add(
-        f"The split scripted fast case (closed loop of {bench.s.tasks} tasks, "
-        f"{bench.s.clients} polling clients, after a warm-up) for each commit's `src/` (a "
-        f"`git archive`), round-robin over the commits, {bench.s.version_rounds} rounds, "
-        "every other one in reverse order (a later place in a round can cost more): the "
-        "machine's speed drifts over minutes, so compare within a round; the median ratio "
-        "to the first commit is over the rounds."
+        f"The closed loop ({bench.s.tasks} tasks, {bench.s.clients} clients, after a "
+        f"warm-up) of each case ({cases}) for each commit's `src/` (a `git archive`), "
+        f"round-robin over the commits, {bench.s.version_rounds} rounds, every other one "
+        "in reverse order (a later place in a round can cost more): the machine's speed "
+        "drifts over minutes, so compare within a round; the median ratio to the first "
+        "commit is over the rounds. *api* holds `ponder serve` for embedded."
     )
     add("")
     add(
-        "| commit | round | tasks/s | api | worker | redis-server | **service** | client | "
-        "load | other work (cores) |"
+        "| case | commit | round | tasks/s | api | worker | redis-server | **service** | "
+        "client | load | other work (cores) |"
     )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    by_commit: dict[str, list[Phase]] = {}
+    add("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+    by_case: dict[str, dict[str, list[Phase]]] = {}
     for p in runs:
-        commit = p.case.split("@ ")[1].split(",")[0]
+        label, _, rest = p.case.partition(" @ ")
+        commit, _, mode = rest.partition(", ")
+        case = f"{label}, {mode}"
+        by_commit = by_case.setdefault(case, {})
         by_commit.setdefault(commit, []).append(p)
         c = p.cpu_ms_per_task
-        add(
-            f"| {commit} | {len(by_commit[commit])} | {p.tasks_per_s:.1f} | {c['api']:.2f} | "
-            f"{c['worker']:.2f} | {c['redis']:.2f} | **{p.service_ms:.2f}** | "
-            f"{c['client']:.2f} | {p.load_start:.2f} -> {p.load_end:.2f} | "
-            f"{p.other_cores:.2f} |"
+        api, worker, redis = (
+            f"{c[k]:.2f}" if k in c else "n/a"
+            for k in ("api" if "api" in c else "serve", "worker", "redis")
         )
-    first, *others = by_commit
+        add(
+            f"| {case} | {commit} | {len(by_commit[commit])} | {p.tasks_per_s:.1f} | "
+            f"{api} | {worker} | {redis} | **{p.service_ms:.2f}** | {c['client']:.2f} | "
+            f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
+        )
     add("")
-    for commit in others:
-        pairs = list(zip(by_commit[first], by_commit[commit], strict=False))
-        ratios = [b.service_ms / a.service_ms for a, b in pairs]
-        controls = [b.cpu_ms_per_task["client"] / a.cpu_ms_per_task["client"] for a, b in pairs]
-        relative = [r / c for r, c in zip(ratios, controls, strict=True)]
-        add(
-            f"- {commit} / {first}, service CPU per task, per round: "
-            f"{', '.join(f'{r:.2f}' for r in ratios)}; median **{statistics.median(ratios):.2f}**"
-        )
-        add(
-            f"- the same for the client, whose code is the same for both (a control for the "
-            f"machine's speed): {', '.join(f'{c:.2f}' for c in controls)}; the service's "
-            f"ratio over the client's, per round: {', '.join(f'{r:.2f}' for r in relative)}; "
-            f"median {statistics.median(relative):.2f}"
-        )
+    for case, by_commit in by_case.items():
+        first, *others = by_commit
+        for commit in others:
+            pairs = list(zip(by_commit[first], by_commit[commit], strict=False))
+            ratios = [b.service_ms / a.service_ms for a, b in pairs]
+            controls = [b.cpu_ms_per_task["client"] / a.cpu_ms_per_task["client"] for a, b in pairs]
+            relative = [r / c for r, c in zip(ratios, controls, strict=True)]
+            add(
+                f"- {case}: {commit} / {first}, service CPU per task, per round: "
+                f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
+                f"**{statistics.median(ratios):.2f}**. The client's (its code the same for "
+                f"both: a control for the machine's speed): "
+                f"{', '.join(f'{c:.2f}' for c in controls)}; the service's ratio over the "
+                f"client's: {', '.join(f'{r:.2f}' for r in relative)}, median "
+                f"{statistics.median(relative):.2f}"
+            )
 
 
 def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
@@ -2042,6 +2053,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "case (each from its own git archive of src/; the 'versions' part; none by default)",
     )
     p.add_argument("--version-rounds", type=int, default=4, help="rounds over --versions (4)")
+    p.add_argument(
+        "--version-cases",
+        default="split:scripted:fast",
+        help="comma-separated cases the versions part runs, each DEPLOYMENT:ENGINE:MODE "
+        "(split|embedded : scripted|openai : fast|standard-5|fast+sse|standard-5+sse); "
+        "default split:scripted:fast",
+    )
     p.add_argument("--cprofile", action="store_true", help="profile with cProfile, not py-spy")
     p.add_argument(
         "--only",
@@ -2055,6 +2073,25 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     )
     p.add_argument("--out", type=Path, default=None, help="report path without suffix")
     return p.parse_args(argv)
+
+
+def version_cases(text: str) -> tuple[tuple[str, str, str], ...]:
+    """``--version-cases``: ``split:scripted:fast,...`` as (deployment, engine, mode)s."""
+    cases = []
+    for item in filter(None, (part.strip() for part in text.split(","))):
+        parts = item.split(":")
+        if (
+            len(parts) != 3
+            or parts[0] not in ("split", "embedded")
+            or parts[1] not in ("scripted", "openai")
+            or parts[2].removesuffix(SSE) not in ("fast", "standard-5")
+        ):
+            raise SystemExit(
+                f"--version-cases: {item!r} is not DEPLOYMENT:ENGINE:MODE, e.g. "
+                "split:scripted:fast or embedded:openai:standard-5+sse"
+            )
+        cases.append((parts[0], parts[1], parts[2]))
+    return tuple(cases)
 
 
 async def amain(args: argparse.Namespace) -> int:
@@ -2076,6 +2113,7 @@ async def amain(args: argparse.Namespace) -> int:
         scale_rounds=args.scale_rounds or (1 if args.quick else 2),
         versions=tuple(v for v in args.versions.split(",") if v),
         version_rounds=args.version_rounds,
+        version_cases=version_cases(args.version_cases),
         cprofile=args.cprofile,
         parts=tuple(part for part in args.only.split(",") if part),
     )
