@@ -1545,100 +1545,105 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
         "(`PONDER_LOG_LEVEL=WARNING`, no API keys)."
     )
     add("")
-    add("## CPU per task at saturation (closed loop)")
-    add("")
-    add(
-        "ms of CPU per finished task; api/worker columns hold `ponder serve` for embedded. "
-        "*load*: 1-minute load average at the window's start -> end; *other work*: cores "
-        "busy over the window (`/proc/stat`, niced work included) beyond the measured "
-        "processes and the client, i.e. the stand-in and anything else on the machine."
-    )
-    add("")
-    add(
-        "| case | tasks done | tasks/s | api | worker | redis-server | **service** | of it "
-        "system time | client | total | samples/task | polls/task | load | other work "
-        "(cores) |"
-    )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    for p in bench.phases:
-        if p.loop != "closed":
-            continue
-        c = p.cpu_ms_per_task
-        api = c.get("api", c.get("serve", math.nan))
+    if any(p.loop == "closed" for p in bench.phases):
+        add("## CPU per task at saturation (closed loop)")
+        add("")
         add(
-            f"| {p.case} | {p.done}/{p.tasks} | {p.tasks_per_s:.1f} | {f2(api)} | "
-            f"{f2(c.get('worker', math.nan))} | {f2(c.get('redis', math.nan))} | "
-            f"**{p.service_ms:.2f}** | {service_sys(p):.0%} | {c['client']:.2f} | "
-            f"{p.total_ms:.2f} | "
-            f"{p.samples_per_task:.1f} | {p.polls_per_task:.1f} | "
-            f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
+            "ms of CPU per finished task; api/worker columns hold `ponder serve` for embedded. "
+            "*load*: 1-minute load average at the window's start -> end; *other work*: cores "
+            "busy over the window (`/proc/stat`, niced work included) beyond the measured "
+            "processes and the client, i.e. the stand-in and anything else on the machine."
         )
-    add("")
-    add(
-        "For reference, the issue's figures before the work (split, 600 fast tasks, 16 "
-        "polling clients): scripted 5.2 ms (redis 0.4), 250 tasks/s; openai 7.7 ms "
-        "(redis 0.4), 149 tasks/s."
-    )
-    add("")
-    add("## Latency under open-loop load")
-    add("")
-    add(
-        f"Poisson arrivals at {', '.join(f'{x:.0%}' for x in s.loads)} of the case's "
-        f"saturated rate, {s.tasks} tasks each. *client* = submit sent -> a poll saw the "
-        f"task end (includes up to {s.poll_s * 1000:.0f} ms of polling); *server* = the "
-        "task's `created_at` -> `finished_at`."
-    )
-    add("")
-    add(
-        "| case | load | offered /s | done /s | client p50 / p99 ms | server p50 / p99 ms | "
-        "service ms/task | client ms/task | load avg | other work (cores) |"
-    )
-    add("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
-    for p in bench.phases:
-        if not p.loop.startswith(("open", "closed")):
-            continue
-        offered = "closed" if p.loop == "closed" else f"{p.offered_per_s:.1f}"
+        add("")
         add(
-            f"| {p.case} | {p.loop} | {offered} | {p.tasks_per_s:.1f} | {ms(p.p50_s)} / "
-            f"{ms(p.p99_s)} | {ms(p.server_p50_s)} / {ms(p.server_p99_s)} | "
-            f"{p.service_ms:.2f} | {p.cpu_ms_per_task['client']:.2f} | "
-            f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
+            "| case | tasks done | tasks/s | api | worker | redis-server | **service** | of it "
+            "system time | client | total | samples/task | polls/task | load | other work "
+            "(cores) |"
         )
-    add("")
-    add(f"## arq {ARQ_VERSION}: a no-op job through the same redis-server")
-    add("")
-    add(
-        f"`.venv-arq` (`make peer-arq`). Worker: `run_worker` with `max_jobs={s.arq_max_jobs}`, "
-        f"`poll_delay={s.arq_poll_delay_s:g}` s (arq polls its queue; its default 0.5 s would "
-        "cap it far below ponder), no logging. Client: one process, "
-        f"{s.clients} asyncio tasks over one `create_pool`, each `enqueue_job('noop')` then "
-        f"`Job.result(poll_delay={s.poll_s:g})` (arq checks at once, then every "
-        f"{s.poll_s * 1000:.0f} ms), {s.arq_jobs} jobs after a warm-up. Measured right before "
-        "and right after ponder's split scripted fast case."
-    )
-    add("")
-    add(
-        "| run | jobs | jobs/s | worker | redis-server | client | worker + redis | "
-        "**total** | p50 / p99 ms | redis calls/job | load | other work (cores) |"
-    )
-    add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    for a in bench.arq:
-        c = a["cpu_ms_per_job"]
-        calls = sum(a["redis_calls_per_job"].values())
+        add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+        for p in bench.phases:
+            if p.loop != "closed":
+                continue
+            c = p.cpu_ms_per_task
+            api = c.get("api", c.get("serve", math.nan))
+            add(
+                f"| {p.case} | {p.done}/{p.tasks} | {p.tasks_per_s:.1f} | {f2(api)} | "
+                f"{f2(c.get('worker', math.nan))} | {f2(c.get('redis', math.nan))} | "
+                f"**{p.service_ms:.2f}** | {service_sys(p):.0%} | {c['client']:.2f} | "
+                f"{p.total_ms:.2f} | "
+                f"{p.samples_per_task:.1f} | {p.polls_per_task:.1f} | "
+                f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
+            )
+        add("")
         add(
-            f"| {a['label']} | {a['done']} | {a['jobs_per_s']:.1f} | {c['worker']:.2f} | "
-            f"{c['redis']:.2f} | {c['client']:.2f} | {a['service_ms']:.2f} | "
-            f"**{a['total_ms']:.2f}** | {ms(a['p50_s'])} / {ms(a['p99_s'])} | {calls:.1f} | "
-            f"{a['load_start']:.2f} -> {a['load_end']:.2f} | {a['other_cores']:.2f} |"
+            "For reference, the issue's figures before the work (split, 600 fast tasks, 16 "
+            "polling clients): scripted 5.2 ms (redis 0.4), 250 tasks/s; openai 7.7 ms "
+            "(redis 0.4), 149 tasks/s."
         )
-    add("")
+        add("")
+    if any(p.loop.startswith("open") for p in bench.phases):
+        add("## Latency under open-loop load")
+        add("")
+        add(
+            f"Poisson arrivals at {', '.join(f'{x:.0%}' for x in s.loads)} of the case's "
+            f"saturated rate, {s.tasks} tasks each. *client* = submit sent -> a poll saw the "
+            f"task end (includes up to {s.poll_s * 1000:.0f} ms of polling); *server* = the "
+            "task's `created_at` -> `finished_at`."
+        )
+        add("")
+        add(
+            "| case | load | offered /s | done /s | client p50 / p99 ms | server p50 / p99 ms | "
+            "service ms/task | client ms/task | load avg | other work (cores) |"
+        )
+        add("|---|---|---:|---:|---:|---:|---:|---:|---|---:|")
+        for p in bench.phases:
+            if not p.loop.startswith(("open", "closed")):
+                continue
+            offered = "closed" if p.loop == "closed" else f"{p.offered_per_s:.1f}"
+            add(
+                f"| {p.case} | {p.loop} | {offered} | {p.tasks_per_s:.1f} | {ms(p.p50_s)} / "
+                f"{ms(p.p99_s)} | {ms(p.server_p50_s)} / {ms(p.server_p99_s)} | "
+                f"{p.service_ms:.2f} | {p.cpu_ms_per_task['client']:.2f} | "
+                f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
+            )
+        add("")
+    if bench.arq:
+        add(f"## arq {ARQ_VERSION}: a no-op job through the same redis-server")
+        add("")
+        add(
+            "`.venv-arq` (`make peer-arq`). Worker: `run_worker` with "
+            f"`max_jobs={s.arq_max_jobs}`, `poll_delay={s.arq_poll_delay_s:g}` s (arq polls "
+            "its queue; its default 0.5 s would cap it far below ponder), no logging. "
+            "Client: one process, "
+            f"{s.clients} asyncio tasks over one `create_pool`, each `enqueue_job('noop')` then "
+            f"`Job.result(poll_delay={s.poll_s:g})` (arq checks at once, then every "
+            f"{s.poll_s * 1000:.0f} ms), {s.arq_jobs} jobs after a warm-up. Measured right before "
+            "and right after ponder's split scripted fast case."
+        )
+        add("")
+        add(
+            "| run | jobs | jobs/s | worker | redis-server | client | worker + redis | "
+            "**total** | p50 / p99 ms | redis calls/job | load | other work (cores) |"
+        )
+        add("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|")
+        for a in bench.arq:
+            c = a["cpu_ms_per_job"]
+            calls = sum(a["redis_calls_per_job"].values())
+            add(
+                f"| {a['label']} | {a['done']} | {a['jobs_per_s']:.1f} | {c['worker']:.2f} | "
+                f"{c['redis']:.2f} | {c['client']:.2f} | {a['service_ms']:.2f} | "
+                f"**{a['total_ms']:.2f}** | {ms(a['p50_s'])} / {ms(a['p99_s'])} | {calls:.1f} | "
+                f"{a['load_start']:.2f} -> {a['load_end']:.2f} | {a['other_cores']:.2f} |"
+            )
+        add("")
     render_floor(bench, add)
-    add("## Goals (issue #23, requirement 2)")
-    add("")
-    add("| goal | measured | verdict |")
-    add("|---|---|---|")
-    for g in goals(bench):
-        add(f"| {g['goal']} | {g['measured']} | {verdict(g['met'])} |")
+    if rows := goals(bench):
+        add("## Goals (issue #23, requirement 2)")
+        add("")
+        add("| goal | measured | verdict |")
+        add("|---|---|---|")
+        for g in rows:
+            add(f"| {g['goal']} | {g['measured']} | {verdict(g['met'])} |")
     sf = find(bench, "split", "scripted", "fast", "closed")
     if sf and bench.arq:
         arq_service = sum(a["service_ms"] for a in bench.arq) / len(bench.arq)
