@@ -13,6 +13,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
+from ponder import admission
 from ponder.config import Settings
 from tests.api.test_events import read_stream
 from tests.conftest import LiveServer
@@ -210,6 +211,28 @@ async def test_a_foreground_client_that_leaves_cancels_its_response(
     await asyncio.sleep(0.3)
     assert (await client.get(f"/v1/tasks/{latest['id']}")).json()["status"] == "running"
     await client.delete(f"/v1/tasks/{latest['id']}")
+
+
+async def test_a_stream_left_midway_cancels_its_task_even_when_the_cancel_is_slow(
+    client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stream's clean-up (the task's cancel, a store call) runs to its end when it
+    takes longer than the response's first cancel leaves it before a second one."""
+    cancel = admission.cancel_task
+
+    async def slow_cancel(*args: Any) -> Any:
+        await asyncio.sleep(0.5)
+        return await cancel(*args)
+
+    monkeypatch.setattr(admission, "cancel_task", slow_cancel)
+    body = {"model": "ponder", "input": "[[hang]]", "stream": True}
+    async with client.stream("POST", "/v1/responses", json=body) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                break  # response.created came: leave
+    (task, *_) = (await client.get("/v1/tasks")).json()["data"]
+    events = await read_stream(client, task["id"])  # ends when the task does
+    assert events[-1][1:] == ("status", {"status": "cancelled"})
 
 
 async def test_store_false_and_delete(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:

@@ -5,7 +5,8 @@ disconnect in an anyio task group on servers of ASGI spec < 2.4 (uvicorn says 2.
 cancel scope, a task and their bookkeeping per response, which cost more than the rest of
 a short event stream (``bench/overhead.py``'s profile of the SSE case). This one does the
 same with two asyncio tasks: the body is written until it ends or the client disconnects,
-whichever comes first; the other is then cancelled and awaited.
+whichever comes first; the other is then cancelled and awaited (a body's clean-up gets
+:data:`_CLEANUP_S` before it is cancelled again).
 """
 
 from __future__ import annotations
@@ -19,6 +20,9 @@ from starlette.types import Receive, Scope, Send
 from ponder.aio import cancel_and_wait
 
 __all__ = ["StreamResponse", "event_stream"]
+
+#: how long a cancelled body may take to clean up before it is cancelled again
+_CLEANUP_S = 5.0
 
 
 class StreamResponse(StreamingResponse):
@@ -34,6 +38,12 @@ class StreamResponse(StreamingResponse):
         try:
             await asyncio.wait((body, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            # one cancel, then time for the body's clean-up (a stream's ``finally`` may
+            # cancel the task of a client that left: a store call, which a second cancel
+            # would cut short), then again for what still runs
+            for task in (body, gone):
+                task.cancel()
+            await asyncio.wait((body, gone), timeout=_CLEANUP_S)
             await cancel_and_wait((body, gone))
         error = None if body.cancelled() else body.exception()
         if error is not None:
