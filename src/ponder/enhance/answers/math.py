@@ -232,9 +232,7 @@ _NEGATED = re.compile(r"^\s*(?:not|never|none|unknown|unclear)\b", re.IGNORECASE
 
 
 @functools.lru_cache(maxsize=4096)
-def extract_math(text: str, prompt: str = "") -> str | None:
-    """The final answer ``text`` states; the numbers of the question (``prompt``) are
-    read only when a stated result must be told from a restated number."""
+def extract_math(text: str, asked: frozenset[str] = frozenset()) -> str | None:
     text = text[-TAIL_CHARS:]
     boxed = all_boxed(text)
     if boxed:
@@ -251,13 +249,13 @@ def extract_math(text: str, prompt: str = "") -> str | None:
         ans = clean_math(cut_sentence(stmt))
         if _WORDY.match(ans):
             # "the answer is the sum of 2 and 4, which is 6": the result it states
-            results = stated_results(stmt, question_numbers(prompt))
+            results = stated_results(stmt, asked)
             if results:
                 return clean_math(results[-1]) or None
             continue
         if _looks_mathy(ans):
             return ans
-    results = stated_results(text, question_numbers(prompt))
+    results = stated_results(text, asked)
     if not results and len(text.split()) <= 4:
         results = stated_results(text)  # a bare "3 days." is the answer it gives
     if results:
@@ -362,14 +360,15 @@ class MathAnswer(AnswerType):
         sample.isolation = run.isolation
 
     def question(self, prompt: str) -> Question:
-        """The prompt alone: math reads its numbers (:func:`question_numbers`), only when
-        it must, and never its words."""
+        """The prompt alone: math reads its numbers (:func:`question_numbers`), never its
+        words."""
         return Question(prompt=prompt)
 
     def extract(self, text: str, question: Question) -> str | None:
         """The final stated answer; a whole number written with a zero fraction ("12.0")
         is shown as the whole number."""
-        answer = extract_math(text, question.prompt)
+        asked = question_numbers(question.prompt) if question.prompt else frozenset()
+        answer = extract_math(text, asked)
         if answer is not None and _ZERO_FRACTION.match(answer):
             return answer.split(".", 1)[0]
         return answer
