@@ -13,7 +13,7 @@ import openai
 import pytest
 from openai import AsyncOpenAI
 
-from ponder import admission
+from ponder import admission, aio
 from ponder.config import Settings
 from tests.api.test_events import read_stream
 from tests.conftest import LiveServer
@@ -216,20 +216,25 @@ async def test_a_foreground_client_that_leaves_cancels_its_response(
 async def test_a_stream_left_midway_cancels_its_task_even_when_the_cancel_is_slow(
     client: httpx.AsyncClient, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The stream's clean-up (the task's cancel, a store call) runs to its end when it
-    takes longer than the response's first cancel leaves it before a second one."""
+    """The stream's clean-up (the task's cancel, a store call) runs to its end, however
+    soon a second cancel would come (here: at once), until it is let go."""
     cancel = admission.cancel_task
+    started, released = asyncio.Event(), asyncio.Event()
 
-    async def slow_cancel(*args: Any) -> Any:
-        await asyncio.sleep(0.5)
+    async def held_cancel(*args: Any) -> Any:
+        started.set()
+        await released.wait()
         return await cancel(*args)
 
-    monkeypatch.setattr(admission, "cancel_task", slow_cancel)
+    monkeypatch.setattr(admission, "cancel_task", held_cancel)
+    monkeypatch.setattr(aio, "_RECANCEL_S", 0.0)
     body = {"model": "ponder", "input": "[[hang]]", "stream": True}
     async with client.stream("POST", "/v1/responses", json=body) as r:
         async for line in r.aiter_lines():
             if line.startswith("data:"):
                 break  # response.created came: leave
+    await asyncio.wait_for(started.wait(), 10)
+    released.set()
     (task, *_) = (await client.get("/v1/tasks")).json()["data"]
     events = await read_stream(client, task["id"])  # ends when the task does
     assert events[-1][1:] == ("status", {"status": "cancelled"})

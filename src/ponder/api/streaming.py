@@ -38,13 +38,9 @@ class StreamResponse(StreamingResponse):
         try:
             await asyncio.wait((body, gone), return_when=asyncio.FIRST_COMPLETED)
         finally:
-            # one cancel, then time for the body's clean-up (a stream's ``finally`` may
-            # cancel the task of a client that left: a store call, which a second cancel
-            # would cut short), then again for what still runs
-            for task in (body, gone):
-                task.cancel()
-            await asyncio.wait((body, gone), timeout=_CLEANUP_S)
-            await cancel_and_wait((body, gone))
+            # a stream's ``finally`` may cancel the task of a client that left: a store
+            # call, which a second cancel would cut short
+            await cancel_and_wait((body, gone), grace_s=_CLEANUP_S)
         error = None if body.cancelled() else body.exception()
         if error is not None:
             raise error
