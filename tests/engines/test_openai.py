@@ -8,15 +8,17 @@ can be told to answer some status codes first, or to ignore ``n`` as some server
 from __future__ import annotations
 
 import asyncio
+import base64
 import math
 import socket
 import threading
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 import uvicorn
-from fastapi import FastAPI
+from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
 from ponder.config import load_settings
@@ -45,13 +47,15 @@ class CompatServer:
         self.fail_with: list[int] = []
         #: False: answer one choice whatever ``n`` asks (as some servers do)
         self.supports_n = True
-        #: the body of every request received
+        #: the body and the headers of every request received
         self.bodies: list[dict[str, Any]] = []
+        self.headers: list[dict[str, str]] = []
         #: set when a request arrives
         self.received = threading.Event()
 
-    async def complete(self, body: dict[str, Any]) -> JSONResponse:
+    async def complete(self, body: dict[str, Any], request: Request) -> JSONResponse:
         self.bodies.append(body)
+        self.headers.append(dict(request.headers))
         self.received.set()
         if self.fail_with:
             status = self.fail_with.pop(0)
@@ -311,6 +315,53 @@ async def test_refused_credentials_kill_the_engine(
 def test_the_model_name_is_required() -> None:
     with pytest.raises(ConfigError, match="PONDER_OPENAI_MODEL"):
         OpenAIEngine(load_settings(engine="openai", openai_model=""))
+
+
+def test_a_base_url_that_is_not_a_url_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match=r"PONDER_OPENAI_BASE_URL='http://\[::1/v1'"):
+        make_engine("http://[::1/v1")
+
+
+async def generate_one(engine: OpenAIEngine) -> SampleOutput | EngineError:
+    """One short row through ``engine``, then closed."""
+    try:
+        (result,) = await engine.generate([SampleRequest(prompt=CAPITAL, max_new_tokens=2)])
+    finally:
+        await engine.close()
+    return result
+
+
+async def test_requests_go_through_the_environment_s_proxy(
+    compat_server: tuple[CompatServer, str], server: CompatServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the compat server stands as the proxy of a host that does not resolve: the answer can
+    # only come through the proxy, which gets the request for that host
+    for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HTTP_PROXY", compat_server[1].removesuffix("/v1"))
+    ok(await generate_one(make_engine("http://upstream.invalid/v1")))
+    assert [h["host"] for h in server.headers] == ["upstream.invalid"]
+    # NO_PROXY names hosts that are reached directly
+    monkeypatch.setenv("NO_PROXY", "upstream.invalid")
+    result = await generate_one(make_engine("http://upstream.invalid/v1", openai_max_retries=0))
+    assert isinstance(result, EngineError) and "cannot reach" in str(result)
+    assert len(server.headers) == 1
+
+
+async def test_netrc_credentials_are_sent_unless_an_api_key_is_set(
+    compat_server: tuple[CompatServer, str],
+    server: CompatServer,
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+) -> None:
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login ann password s3cret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    ok(await generate_one(make_engine(compat_server[1])))
+    ok(await generate_one(make_engine(compat_server[1], openai_api_key="sk-test")))
+    basic = "Basic " + base64.b64encode(b"ann:s3cret").decode()
+    assert [h["authorization"] for h in server.headers] == [basic, "Bearer sk-test"]
 
 
 async def test_a_server_that_is_not_there_fails_the_row_after_its_retries() -> None:

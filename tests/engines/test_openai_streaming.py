@@ -16,6 +16,7 @@ from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import pytest
+from fastapi import Request
 from fastapi.responses import StreamingResponse
 
 from ponder.engines.base import SampleOutput, SampleRequest
@@ -36,9 +37,9 @@ class StreamingServer(CompatServer):
         #: end the connection abruptly after the first piece of text
         self.break_after_first = False
 
-    async def complete(self, body: dict[str, Any]) -> Any:
+    async def complete(self, body: dict[str, Any], request: Request) -> Any:
         if not body.get("stream"):
-            return await super().complete(body)
+            return await super().complete(body, request)
         self.bodies.append(body)
         return StreamingResponse(self._chunks(body), media_type="text/event-stream")
 

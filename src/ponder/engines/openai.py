@@ -33,11 +33,14 @@ be delivered twice).
 **Transport.** aiohttp's client (its HTTP parser is compiled): about 0.1 ms of CPU a
 request on loopback where httpx's pool took 1.5 ms at 16 requests in flight, which made
 the HTTP client the largest part of a worker's CPU per task in front of a fast server.
+The environment's proxy and ``.netrc`` credentials are read once, when the engine is made
+(:class:`_Route`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import random
@@ -48,6 +51,8 @@ from statistics import fmean
 from typing import Any, TypeVar
 
 import aiohttp
+from aiohttp.helpers import basicauth_from_netrc, get_env_proxy_for_url, netrc_from_env
+from yarl import URL
 
 from ponder.config import Settings
 from ponder.engines.base import BaseEngine, FinishReason, SampleOutput, SampleRequest
@@ -105,6 +110,14 @@ class OpenAIEngine(BaseEngine):
         self._backoff_s = backoff_s
         self._max_backoff_s = max_backoff_s
         self._client: aiohttp.ClientSession | None = None
+        # (a few environment variables and at most one small file, read before the engine
+        # serves: aiohttp's trust_env would read them in a thread for every request)
+        try:
+            self._route = _route_from_env(self._url)
+        except ValueError as e:  # yarl's: a port out of range, a broken IPv6 address, …
+            raise ConfigError(
+                f"PONDER_OPENAI_BASE_URL={settings.openai_base_url!r} is not a valid URL: {e}"
+            ) from e
         self._queue: AdmissionQueue[_Request] = AdmissionQueue(
             settings.priority_quotas, settings.engine_max_queue
         )
@@ -122,14 +135,16 @@ class OpenAIEngine(BaseEngine):
         """Open the connection pool. Idempotent."""
         if self._client is None:
             self._dead = None
-            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
+            # the API key, else .netrc's credentials for the host
+            authorization = (
+                f"Bearer {self._api_key}" if self._api_key else self._route.authorization
+            )
+            headers = {"Authorization": authorization} if authorization else {}
             t = self._timeout_s
             self._client = aiohttp.ClientSession(
                 headers=headers,
                 timeout=aiohttp.ClientTimeout(total=None, connect=t, sock_connect=t, sock_read=t),
                 connector=aiohttp.TCPConnector(limit=self._max_in_flight),
-                # (the environment's proxy settings are httpx's default, kept)
-                trust_env=True,
             )
 
     async def close(self) -> None:
@@ -362,7 +377,12 @@ class OpenAIEngine(BaseEngine):
             retry_after = 0.0
             self.requests_sent += 1
             try:
-                async with self._client.post(self._url, json=body) as response:
+                async with self._client.post(
+                    self._url,
+                    json=body,
+                    proxy=self._route.proxy,
+                    proxy_headers=self._route.proxy_headers,
+                ) as response:
                     if response.status == 200 and _is_event_stream(response):
                         # (a server that ignores ``stream`` answers plain JSON: read below)
                         return await self._read_stream(response, listeners)
@@ -401,6 +421,37 @@ class OpenAIEngine(BaseEngine):
             delay = ceiling / 2 + random.uniform(0, ceiling / 2)
             await asyncio.sleep(max(delay, min(retry_after, self._max_backoff_s)))
             attempt += 1
+
+
+@dataclass(frozen=True)
+class _Route:
+    """How requests reach the server, from the environment: its proxy (``HTTP_PROXY``,
+    ``HTTPS_PROXY``, ``NO_PROXY``, with the proxy's credentials) and ``~/.netrc``'s
+    credentials for the host (``NETRC`` names another file): what aiohttp's ``trust_env``
+    and httpx read. Read once, when the engine is made: aiohttp's ``trust_env`` reads them
+    in a thread for every request, which cost about a quarter of a worker's CPU per fast
+    task in front of a fast server."""
+
+    proxy: URL | None = None
+    #: ``Proxy-Authorization``, when the proxy has credentials
+    proxy_headers: dict[str, str] | None = None
+    #: ``Authorization`` from ``.netrc``
+    authorization: str | None = None
+
+
+def _route_from_env(url: str) -> _Route:
+    target = URL(url)
+    proxy: URL | None = None
+    proxy_headers = None
+    with contextlib.suppress(LookupError):  # no proxy for this URL
+        proxy, proxy_auth = get_env_proxy_for_url(target)
+        if proxy_auth is not None:
+            proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+    authorization = None
+    if target.host is not None:
+        with contextlib.suppress(LookupError):  # no .netrc, or no entry for the host
+            authorization = basicauth_from_netrc(netrc_from_env(), target.host).encode()
+    return _Route(proxy, proxy_headers, authorization)
 
 
 def _is_event_stream(response: aiohttp.ClientResponse) -> bool:
