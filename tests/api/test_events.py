@@ -76,11 +76,14 @@ async def test_deep_mode_streams_a_preliminary_answer(client: httpx.AsyncClient)
     task = (await client.post("/v1/tasks", json=body)).json()
     events = await read_stream(client, task["id"])
     names = [name for _, name, _ in events]
-    assert names.count("preliminary") == 1
-    assert names.index("sample") < names.index("preliminary") < names.index("result")
-    preliminary = events[names.index("preliminary")][2]
+    # at most one a 0.5 s (tests/enhance/test_strategy.py holds the throttle to its clock):
+    # this task's samples end within one interval unless the machine is slow
+    preliminaries = [i for i, name in enumerate(names) if name == "preliminary"]
+    assert preliminaries
+    assert names.index("sample") < preliminaries[0] < preliminaries[-1] + 1 <= names.index("result")
+    preliminary = events[preliminaries[-1]][2]
     assert {"answer", "text", "confidence", "votes"} <= set(preliminary)
-    assert events[-1][2]["preliminary"] == preliminary
+    assert events[-1][2]["preliminary"] == preliminary  # the task keeps the last one
 
 
 async def test_sse_replays_a_finished_task_and_resumes_after_any_id(
