@@ -87,6 +87,9 @@ ARQ_VENV = ROOT / ".venv-arq"
 TERMINAL = {"done", "partial_done", "failed", "cancelled"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SEED = 20261203
+#: an open-loop point whose steady completion rate is below this share of its arrivals
+#: fell behind (its latency is a queue's)
+BEHIND = 0.9
 #: the issue's figures (split, 600 fast tasks, 16 polling clients), for reference
 ISSUE_BASELINE = {"scripted": (5.2, 0.4, 250), "openai": (7.7, 0.4, 149)}
 ARQ_VERSION = "0.28.0"
@@ -664,10 +667,12 @@ async def closed_loop(
 
 async def open_loop(
     client: Client, mode: str, tasks: int, rate: float, seed: str, start_index: int
-) -> list[TaskResult]:
-    """Poisson arrivals at ``rate``/s, each task polled to its end on its own."""
+) -> tuple[list[TaskResult], float]:
+    """Poisson arrivals at ``rate``/s, each task polled to its end on its own; the results
+    and the arrivals' own rate (tasks over the time to the last arrival: a draw of 600
+    arrivals is a few % off ``rate``)."""
     if tasks < 1:
-        return []
+        return [], float("nan")
     rng = random.Random(seed)
     loop = asyncio.get_running_loop()
     jobs: list[asyncio.Task[TaskResult]] = []
@@ -683,7 +688,7 @@ async def open_loop(
         at += rng.expovariate(rate)
         loop.call_at(t0 + at, start, start_index + k)
     await all_started.wait()
-    return list(await asyncio.gather(*jobs))
+    return list(await asyncio.gather(*jobs)), tasks / at
 
 
 @dataclass
@@ -801,7 +806,7 @@ class Bench:
                     async def opened(rate: float = rate) -> tuple[list[TaskResult], float]:
                         start = self.next_indices(s.tasks)
                         seed = f"{SEED}-{cluster.spec.label}-{mode}-{rate}"
-                        return await open_loop(client, mode, s.tasks, rate, seed, start), rate
+                        return await open_loop(client, mode, s.tasks, rate, seed, start)
 
                     await self.measure(cluster, client, mode, f"open {load:.0%}", opened)
             return saturated
@@ -896,7 +901,7 @@ class Bench:
                 await attach()
             t0 = time.monotonic()
             seed = f"{SEED}-profile"
-            results = await open_loop(client, "fast", n, rate, seed, self.next_indices(n))
+            results, _ = await open_loop(client, "fast", n, rate, seed, self.next_indices(n))
             wall = time.monotonic() - t0
         finally:
             await client.aclose()
@@ -1588,7 +1593,12 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"Poisson arrivals at {', '.join(f'{x:.0%}' for x in s.loads)} of the case's "
             f"saturated rate, {s.tasks} tasks each. *client* = submit sent -> a poll saw the "
             f"task end (includes up to {s.poll_s * 1000:.0f} ms of polling); *server* = the "
-            "task's `created_at` -> `finished_at`."
+            "task's `created_at` -> `finished_at`. *offered* = the arrivals' own rate (the "
+            "tasks over the time to the last arrival); **behind**: the tasks finished "
+            f"between the 10th and 90th percentile of their end times ran below {BEHIND:g}x "
+            "the arrivals, so the service fell behind in that minute and the point's "
+            "latency is a growing queue's (the saturated rate it was set from was measured "
+            "minutes earlier, on a machine whose speed moves)."
         )
         add("")
         add(
@@ -1600,8 +1610,10 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             if not p.loop.startswith(("open", "closed")):
                 continue
             offered = "closed" if p.loop == "closed" else f"{p.offered_per_s:.1f}"
+            behind = p.loop != "closed" and p.steady_per_s < BEHIND * p.offered_per_s
+            done = f"{p.tasks_per_s:.1f}{' **behind**' if behind else ''}"
             add(
-                f"| {p.case} | {p.loop} | {offered} | {p.tasks_per_s:.1f} | {ms(p.p50_s)} / "
+                f"| {p.case} | {p.loop} | {offered} | {done} | {ms(p.p50_s)} / "
                 f"{ms(p.p99_s)} | {ms(p.server_p50_s)} / {ms(p.server_p99_s)} | "
                 f"{p.service_ms:.2f} | {p.cpu_ms_per_task['client']:.2f} | "
                 f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
