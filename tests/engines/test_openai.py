@@ -23,7 +23,7 @@ from fastapi.responses import JSONResponse
 
 from ponder.config import load_settings
 from ponder.engines.base import BaseEngine, SampleOutput, SampleRequest
-from ponder.engines.openai import OpenAIEngine
+from ponder.engines.openai import OpenAIEngine, _route_from_env
 from ponder.engines.openvino import OpenVINOEngine
 from ponder.errors import ConfigError, EngineDeadError, EngineError
 
@@ -338,14 +338,34 @@ async def test_requests_go_through_the_environment_s_proxy(
     # only come through the proxy, which gets the request for that host
     for name in ("http_proxy", "HTTP_PROXY", "no_proxy", "NO_PROXY", "all_proxy", "ALL_PROXY"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("HTTP_PROXY", compat_server[1].removesuffix("/v1"))
+    proxy = compat_server[1].removesuffix("/v1").replace("http://", "http://bob:pw@")
+    monkeypatch.setenv("HTTP_PROXY", proxy)
     ok(await generate_one(make_engine("http://upstream.invalid/v1")))
     assert [h["host"] for h in server.headers] == ["upstream.invalid"]
+    basic = "Basic " + base64.b64encode(b"bob:pw").decode()
+    assert server.headers[0]["proxy-authorization"] == basic  # the proxy URL's credentials
     # NO_PROXY names hosts that are reached directly
     monkeypatch.setenv("NO_PROXY", "upstream.invalid")
     result = await generate_one(make_engine("http://upstream.invalid/v1", openai_max_retries=0))
     assert isinstance(result, EngineError) and "cannot reach" in str(result)
     assert len(server.headers) == 1
+
+
+def test_a_proxy_s_credentials_go_with_the_tunnel_of_an_https_server(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # (an https server behind a proxy is reached through a CONNECT tunnel, whose request
+    # carries them; the test above sees a plain-HTTP proxy read them from each request)
+    monkeypatch.delenv("NO_PROXY", raising=False)
+    monkeypatch.delenv("no_proxy", raising=False)
+    monkeypatch.setenv("HTTPS_PROXY", "http://bob:pw@proxy.invalid:3128")
+    route = _route_from_env("https://upstream.invalid/v1/chat/completions")
+    basic = "Basic " + base64.b64encode(b"bob:pw").decode()
+    assert (str(route.proxy), route.proxy_headers, route.headers) == (
+        "http://proxy.invalid:3128",
+        {"Proxy-Authorization": basic},
+        {},
+    )
 
 
 async def test_netrc_credentials_are_sent_unless_an_api_key_is_set(

@@ -140,6 +140,7 @@ class OpenAIEngine(BaseEngine):
                 f"Bearer {self._api_key}" if self._api_key else self._route.authorization
             )
             headers = {"Authorization": authorization} if authorization else {}
+            headers |= self._route.headers
             t = self._timeout_s
             self._client = aiohttp.ClientSession(
                 headers=headers,
@@ -433,8 +434,11 @@ class _Route:
     task in front of a fast server."""
 
     proxy: URL | None = None
-    #: ``Proxy-Authorization``, when the proxy has credentials
+    #: headers of the tunnel's CONNECT (an https server behind the proxy)
     proxy_headers: dict[str, str] | None = None
+    #: headers of every request: the credentials of a plain-HTTP proxy, which reads them
+    #: from the request it forwards
+    headers: dict[str, str] = field(default_factory=dict)
     #: ``Authorization`` from ``.netrc``
     authorization: str | None = None
 
@@ -442,16 +446,20 @@ class _Route:
 def _route_from_env(url: str) -> _Route:
     target = URL(url)
     proxy: URL | None = None
-    proxy_headers = None
+    proxy_headers, headers = None, {}
     with contextlib.suppress(LookupError):  # no proxy for this URL
         proxy, proxy_auth = get_env_proxy_for_url(target)
         if proxy_auth is not None:
-            proxy_headers = {"Proxy-Authorization": proxy_auth.encode()}
+            credentials = {"Proxy-Authorization": proxy_auth.encode()}
+            if target.scheme == "https":
+                proxy_headers = credentials
+            else:
+                headers = credentials
     authorization = None
     if target.host is not None:
         with contextlib.suppress(LookupError):  # no .netrc, or no entry for the host
             authorization = basicauth_from_netrc(netrc_from_env(), target.host).encode()
-    return _Route(proxy, proxy_headers, authorization)
+    return _Route(proxy, proxy_headers, headers, authorization)
 
 
 def _is_event_stream(response: aiohttp.ClientResponse) -> bool:
