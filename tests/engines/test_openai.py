@@ -359,7 +359,7 @@ def test_a_proxy_s_credentials_go_with_the_tunnel_of_an_https_server(
     monkeypatch.delenv("NO_PROXY", raising=False)
     monkeypatch.delenv("no_proxy", raising=False)
     monkeypatch.setenv("HTTPS_PROXY", "http://bob:pw@proxy.invalid:3128")
-    route = _route_from_env("https://upstream.invalid/v1/chat/completions")
+    route = _route_from_env("https://upstream.invalid/v1/chat/completions", netrc=False)
     basic = "Basic " + base64.b64encode(b"bob:pw").decode()
     assert (str(route.proxy), route.proxy_headers, route.headers) == (
         "http://proxy.invalid:3128",

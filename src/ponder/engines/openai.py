@@ -113,7 +113,7 @@ class OpenAIEngine(BaseEngine):
         # (a few environment variables and at most one small file, read before the engine
         # serves: aiohttp's trust_env would read them in a thread for every request)
         try:
-            self._route = _route_from_env(self._url)
+            self._route = _route_from_env(self._url, netrc=not self._api_key)
         except ValueError as e:  # yarl's: a port out of range, a broken IPv6 address, …
             raise ConfigError(
                 f"PONDER_OPENAI_BASE_URL={settings.openai_base_url!r} is not a valid URL: {e}"
@@ -135,11 +135,7 @@ class OpenAIEngine(BaseEngine):
         """Open the connection pool. Idempotent."""
         if self._client is None:
             self._dead = None
-            # the API key, else .netrc's credentials for the host
-            authorization = (
-                f"Bearer {self._api_key}" if self._api_key else self._route.authorization
-            )
-            headers = {"Authorization": authorization} if authorization else {}
+            headers = {"Authorization": f"Bearer {self._api_key}"} if self._api_key else {}
             headers |= self._route.headers
             t = self._timeout_s
             self._client = aiohttp.ClientSession(
@@ -427,23 +423,21 @@ class OpenAIEngine(BaseEngine):
 @dataclass(frozen=True)
 class _Route:
     """How requests reach the server, from the environment: its proxy (``HTTP_PROXY``,
-    ``HTTPS_PROXY``, ``NO_PROXY``, with the proxy's credentials) and ``~/.netrc``'s
-    credentials for the host (``NETRC`` names another file): what aiohttp's ``trust_env``
-    and httpx read. Read once, when the engine is made: aiohttp's ``trust_env`` reads them
-    in a thread for every request, which cost about a quarter of a worker's CPU per fast
-    task in front of a fast server."""
+    ``HTTPS_PROXY``, ``NO_PROXY``, with the proxy's credentials) and, without an API key,
+    ``~/.netrc``'s credentials for the host (``NETRC`` names another file): what
+    aiohttp's ``trust_env`` and httpx read. Read once, when the engine is made: aiohttp's
+    ``trust_env`` reads them in a thread for every request, which cost about a quarter of
+    a worker's CPU per fast task in front of a fast server."""
 
     proxy: URL | None = None
     #: headers of the tunnel's CONNECT (an https server behind the proxy)
     proxy_headers: dict[str, str] | None = None
-    #: headers of every request: the credentials of a plain-HTTP proxy, which reads them
-    #: from the request it forwards
+    #: headers of every request: ``Authorization`` from ``.netrc``, and the credentials of
+    #: a plain-HTTP proxy, which reads them from the request it forwards
     headers: dict[str, str] = field(default_factory=dict)
-    #: ``Authorization`` from ``.netrc``
-    authorization: str | None = None
 
 
-def _route_from_env(url: str) -> _Route:
+def _route_from_env(url: str, *, netrc: bool) -> _Route:
     target = URL(url)
     proxy: URL | None = None
     proxy_headers, headers = None, {}
@@ -455,11 +449,11 @@ def _route_from_env(url: str) -> _Route:
                 proxy_headers = credentials
             else:
                 headers = credentials
-    authorization = None
-    if target.host is not None:
+    if netrc and target.host is not None:
         with contextlib.suppress(LookupError):  # no .netrc, or no entry for the host
-            authorization = basicauth_from_netrc(netrc_from_env(), target.host).encode()
-    return _Route(proxy, proxy_headers, headers, authorization)
+            auth = basicauth_from_netrc(netrc_from_env(), target.host)
+            headers = {**headers, "Authorization": auth.encode()}
+    return _Route(proxy, proxy_headers, headers)
 
 
 def _is_event_stream(response: aiohttp.ClientResponse) -> bool:
