@@ -88,7 +88,7 @@ async def redis_store(redis_settings: Settings) -> AsyncIterator[RedisStore]:
 
 
 async def test_redis_bucket(redis_store: RedisStore, key_prefix: str) -> None:
-    limiter = RedisRateLimiter(redis_store.client, key_prefix, rate=1.0, burst=3)
+    limiter = RedisRateLimiter(redis_store.client, key_prefix, rate=1.0, burst=3, timeout_s=2.0)
     assert [await limiter.take("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
     wait = await limiter.take("alice")
     assert 0 < wait <= 1.0
@@ -112,7 +112,7 @@ async def test_redis_bucket_is_atomic_across_clients(
     other = aioredis.Redis.from_url(redis_url, decode_responses=True)
     try:
         limiters = [
-            RedisRateLimiter(client, key_prefix, rate=0.01, burst=10)
+            RedisRateLimiter(client, key_prefix, rate=0.01, burst=10, timeout_s=2.0)
             for client in (redis_store.client, other)
         ]
         waits = await asyncio.gather(*(limiters[i % 2].take("k") for i in range(60)))

@@ -15,6 +15,7 @@ time until one is there (the ``Retry-After`` of the API's 429).
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from abc import ABC, abstractmethod
@@ -122,9 +123,12 @@ class MemoryRateLimiter(RateLimiter):
 class RedisRateLimiter(RateLimiter):
     """Buckets in Redis, shared by every API process (see the module docstring)."""
 
-    def __init__(self, client: Any, key_prefix: str, rate: float, burst: int) -> None:
+    def __init__(
+        self, client: Any, key_prefix: str, rate: float, burst: int, *, timeout_s: float
+    ) -> None:
         super().__init__(rate, burst)
         self._prefix = key_prefix
+        self._timeout_s = timeout_s  # the store's pool has no socket timeout
         self._take = client.register_script(_TAKE)
 
     def key(self, caller: str) -> str:
@@ -132,7 +136,8 @@ class RedisRateLimiter(RateLimiter):
 
     async def take(self, caller: str) -> float:
         try:
-            wait = await self._take(keys=[self.key(caller)], args=[self.rate, self.burst, 1])
+            async with asyncio.timeout(self._timeout_s):
+                wait = await self._take(keys=[self.key(caller)], args=[self.rate, self.burst, 1])
         except _UNAVAILABLE as e:
             raise StoreUnavailable(f"Redis is unavailable: {e}") from e
         return float(wait)
@@ -146,5 +151,11 @@ def create_rate_limiter(settings: Settings, store: TaskStore) -> RateLimiter | N
     from ponder.store.redis import RedisStore
 
     if isinstance(store, RedisStore):
-        return RedisRateLimiter(store.client, settings.key_prefix, settings.rate_limit_per_s, burst)
+        return RedisRateLimiter(
+            store.client,
+            settings.key_prefix,
+            settings.rate_limit_per_s,
+            burst,
+            timeout_s=settings.store_timeout_s,
+        )
     return MemoryRateLimiter(settings.rate_limit_per_s, burst)

@@ -92,7 +92,7 @@ async def test_listing_drops_index_entries_of_expired_tasks(
     assert await raw.zcard(f"{key_prefix}:tasks:k") == 1
 
 
-async def test_blocking_calls_may_outlast_the_socket_timeout(redis_settings: Settings) -> None:
+async def test_blocking_calls_may_outlast_the_store_timeout(redis_settings: Settings) -> None:
     store = RedisStore(redis_settings.model_copy(update={"store_timeout_s": 0.2}))
     await store.start()
     try:
@@ -124,6 +124,49 @@ async def test_unreachable_redis_raises_store_unavailable(redis_settings: Settin
     finally:
         await store.close()
     assert time.monotonic() - started < 3.0
+
+
+async def test_a_redis_that_never_answers_fails_each_call_within_its_time_limit(
+    redis_settings: Settings,
+) -> None:
+    """A server that takes connections and reads commands but never answers (a hung
+    Redis): each call, pipelined or blocking, ends with StoreUnavailable once its time
+    limit (store_timeout_s, plus the block time of a blocking read) is up."""
+    requests = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal requests
+        while await reader.read(65536):
+            requests += 1
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    settings = redis_settings.model_copy(
+        update={"redis_url": f"redis://127.0.0.1:{port}/0", "store_timeout_s": 0.3}
+    )
+    store = RedisStore(settings)
+    calls = {
+        "get_task": (lambda: store.get_task("1764412800123-api1-42"), 0.3),
+        "get_tasks (a pipeline)": (lambda: store.get_tasks(["1764412800123-api1-42"] * 3), 0.3),
+        "claim": (lambda: store.claim("w", ALL, 400), 0.3),  # its first try does not block
+        "read_events blocking 400 ms": (
+            lambda: store.read_events("1764412800123-api1-42", "0-0", block_ms=400),
+            0.7,
+        ),
+    }
+    try:
+        async with server:
+            for name, (call, limit_s) in calls.items():
+                started = time.monotonic()
+                with pytest.raises(StoreUnavailable, match="no answer within"):
+                    async with asyncio.timeout(5):  # the test's own guard
+                        await call()
+                elapsed = time.monotonic() - started
+                assert limit_s - 0.05 <= elapsed < limit_s + 0.5, (name, elapsed)
+    finally:
+        await store.close()
+    assert requests >= len(calls)  # the commands reached the server
 
 
 async def test_a_blocking_read_that_gets_several_levels_keeps_the_first_in_order(

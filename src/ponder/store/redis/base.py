@@ -3,9 +3,11 @@ the key names, the lifecycle and the error mapping."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
-from collections.abc import Awaitable, Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from types import TracebackType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit, urlunsplit
 
@@ -36,13 +38,47 @@ GROUP_LOST = ("NOGROUP", "UNBLOCKED")
 # (the scripts cap each notice stream at about 1,000 entries: XADD MAXLEN ~ 1000)
 
 
-@contextmanager
-def unavailable() -> Iterator[None]:
-    """Turn connection failures and timeouts into :class:`StoreUnavailable`."""
-    try:
-        yield
-    except _UNAVAILABLE as e:
-        raise StoreUnavailable(f"Redis is unavailable: {e}") from e
+def unavailable(seconds: float) -> AbstractAsyncContextManager[None]:
+    """``async with unavailable(seconds):`` around one store call: it is cut off after
+    ``seconds`` (``store_timeout_s``; a blocking read adds its block time), and its
+    connection failures and timeouts become :class:`StoreUnavailable`.
+
+    The store's pool has no socket timeout: redis-py would bound each write with
+    ``asyncio.wait_for`` (a task of its own per command) and each read with a timer; one
+    bound a call is cheaper and covers pipelines and blocking reads alike. A call cut off
+    mid-way closes its connection (redis-py drops it on cancellation), so no reply is left
+    for the next call to read.
+    """
+    return _StoreCall(seconds)
+
+
+class _StoreCall:
+    """:func:`unavailable`'s context (a class, not ``@asynccontextmanager``: it is on
+    every store call, and a generator-based one costs more)."""
+
+    __slots__ = ("_limit", "_seconds")
+
+    def __init__(self, seconds: float) -> None:
+        self._seconds = seconds
+        self._limit = asyncio.timeout(seconds)
+
+    async def __aenter__(self) -> None:
+        await self._limit.__aenter__()
+
+    async def __aexit__(
+        self,
+        kind: type[BaseException] | None,
+        error: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        try:
+            await self._limit.__aexit__(kind, error, traceback)
+        except TimeoutError as e:
+            raise StoreUnavailable(
+                f"Redis is unavailable: no answer within {self._seconds:g}s"
+            ) from e
+        if isinstance(error, _UNAVAILABLE):
+            raise StoreUnavailable(f"Redis is unavailable: {error}") from error
 
 
 def redacted(url: str) -> str:
@@ -89,9 +125,10 @@ class RedisBase(Lifecycle):
             # (redis-py's default of 100 would refuse the 101st SSE follower with a 503)
             "max_connections": settings.redis_max_connections,
         }
-        self._r = Redis.from_url(settings.redis_url, socket_timeout=self._timeout, **common)
-        # Blocking reads (claim, read_events) wait longer than the socket timeout allows;
-        # they use their own pool without one, bounded by asyncio.timeout instead.
+        # no socket timeout: every call is bounded by :func:`unavailable` instead
+        self._r = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
+        # Blocking reads (claims, followed event streams) wait in a pool of their own, so
+        # that many waiting followers cannot take every connection from the other calls.
         self._rb = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
         script = self._r.register_script
         # tasks, queues, events
@@ -120,6 +157,10 @@ class RedisBase(Lifecycle):
     def client(self) -> Redis:
         """The store's connection pool, for features that live beside it (rate limits)."""
         return self._r
+
+    def _blocking(self, block_ms: int) -> float:
+        """The time limit of a call that may block for ``block_ms`` (0: does not block)."""
+        return max(0, block_ms) / 1000 + self._timeout
 
     # --- keys -------------------------------------------------------------------------
     def _task_key(self, task_id: str) -> str:
@@ -157,7 +198,7 @@ class RedisBase(Lifecycle):
         return f"Redis at {redacted(self._url)}"
 
     async def start(self) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._create_groups()
 
     async def _create_groups(self) -> None:
@@ -191,7 +232,7 @@ class RedisBase(Lifecycle):
 
     async def ping(self) -> bool:
         try:
-            with unavailable():
+            async with unavailable(self._timeout):
                 return bool(await self._r.ping())
         except StoreUnavailable:
             return False

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
 from collections.abc import Sequence
@@ -31,7 +30,7 @@ class RedisEventLog(RedisBase, EventLog):
         key = self._events_key(task_id)
         if after is not None and not _STREAM_ID.match(after):
             after = None
-        with unavailable():
+        async with unavailable(self._blocking(block_ms)):
             if block_ms > 0:
                 entries = await self._read_stream(key, after or "0-0", limit, block_ms)
             else:
@@ -41,9 +40,7 @@ class RedisEventLog(RedisBase, EventLog):
         return [Event(i, f["event"], json.loads(f["data"])) for i, f in entries]
 
     async def _read_stream(self, key: str, after: str, limit: int, block_ms: int) -> Any:
-        """XREAD BLOCK on the pool without a socket timeout, bounded here instead."""
-        async with asyncio.timeout(block_ms / 1000 + self._timeout):
-            reply: Any = await self._rb.xread({key: after}, count=limit, block=block_ms)
+        reply: Any = await self._rb.xread({key: after}, count=limit, block=block_ms)
         return [entry for _, stream_entries in reply for entry in stream_entries]
 
     # --- streamed text (delta events) -------------------------------------------------
@@ -54,7 +51,7 @@ class RedisEventLog(RedisBase, EventLog):
             return True
         args = [part for name, data in events for part in (name, json.dumps(data))]
         keys = [self._task_key(task_id), self._events_key(task_id)]
-        with unavailable():
+        async with unavailable(self._timeout):
             return bool(await self._append(keys=keys, args=args))
 
     # --- notices ----------------------------------------------------------------------
@@ -63,7 +60,7 @@ class RedisEventLog(RedisBase, EventLog):
     ) -> tuple[str, list[str]]:
         """The cursor is a stream id; None starts after the newest notice."""
         key = self._notice_key(topic)
-        with unavailable():
+        async with unavailable(self._blocking(block_ms)):
             if after is None:
                 newest: Any = await self._r.xrevrange(key, "+", "-", count=1)
                 after = newest[0][0] if newest else "0-0"

@@ -13,24 +13,24 @@ class RedisLiveness(RedisBase, Liveness):
 
     # --- workers ----------------------------------------------------------------------
     async def register_worker(self, worker_id: str, ttl_s: float) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._register(keys=[self._workers_key], args=[worker_id, ttl_s])
 
     async def unregister_worker(self, worker_id: str) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._r.zrem(self._workers_key, worker_id)
 
     async def live_workers(self) -> int:
-        with unavailable():
+        async with unavailable(self._timeout):
             return int(await self._live(keys=[self._workers_key]))
 
     # --- named leases -----------------------------------------------------------------
     async def acquire_lease(self, name: str, holder: str, ttl_s: float) -> bool:
         keys = [f"{self._prefix}:lease:{name}"]
-        with unavailable():
+        async with unavailable(self._timeout):
             return bool(await self._acquire_lease(keys=keys, args=[holder, ms(ttl_s)]))
 
     async def release_lease(self, name: str, holder: str) -> None:
         keys = [f"{self._prefix}:lease:{name}"]
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._release_lease(keys=keys, args=[holder])

@@ -42,14 +42,14 @@ class RedisObjects(RedisBase, ObjectStore):
             ms(ttl_s),
             member,
         ]
-        with unavailable():
+        async with unavailable(self._timeout):
             created = await self._create_object(keys=keys, args=args)
         if created:
             obj.rev = 0
         return bool(created)
 
     async def get_object(self, kind: str, obj_id: str) -> StoredObject | None:
-        with unavailable():
+        async with unavailable(self._timeout):
             fields: Any = await self._r.hgetall(self._object_key(kind, obj_id))
         return _object(kind, obj_id, fields)
 
@@ -62,7 +62,7 @@ class RedisObjects(RedisBase, ObjectStore):
             "" if ttl_s is None else ms(ttl_s),
             f"{obj.sort_key} {obj.id}",
         ]
-        with unavailable():
+        async with unavailable(self._timeout):
             written = await self._update_object(keys=keys, args=args)
         if written:
             obj.rev += 1
@@ -73,12 +73,11 @@ class RedisObjects(RedisBase, ObjectStore):
         if obj is None:
             return False
         member = f"{obj.sort_key} {obj.id}"
-        with unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.delete(self._object_key(kind, obj_id))
-                pipe.zrem(self._objects_key(kind, obj.owner), member)
-                pipe.zrem(self._active_key(kind), member)
-                deleted, *_ = await pipe.execute()
+        async with unavailable(self._timeout), self._r.pipeline(transaction=True) as pipe:
+            pipe.delete(self._object_key(kind, obj_id))
+            pipe.zrem(self._objects_key(kind, obj.owner), member)
+            pipe.zrem(self._active_key(kind), member)
+            deleted, *_ = await pipe.execute()
         return bool(deleted)
 
     async def list_objects(
@@ -94,7 +93,7 @@ class RedisObjects(RedisBase, ObjectStore):
             top = f"({last.sort_key} {last.id}"
         index = self._objects_key(kind, owner)
         found: list[StoredObject] = []
-        with unavailable():
+        async with unavailable(self._timeout):
             while len(found) <= limit:
                 members: list[Any] = await self._r.zrevrangebylex(index, top, "-", 0, limit + 1)
                 if not members:
@@ -117,7 +116,7 @@ class RedisObjects(RedisBase, ObjectStore):
 
     async def active_objects(self, kind: str) -> list[str]:
         key = self._active_key(kind)
-        with unavailable():
+        async with unavailable(self._timeout):
             members: list[Any] = await self._r.zrangebylex(key, "-", "+")
             if not members:
                 return []
@@ -132,33 +131,32 @@ class RedisObjects(RedisBase, ObjectStore):
 
     # --- blobs and parts --------------------------------------------------------------
     async def put_blob(self, key: str, data: str, *, ttl_s: float) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._r.set(f"{self._prefix}:blob:{key}", data, px=ms(ttl_s))
 
     async def get_blob(self, key: str) -> str | None:
-        with unavailable():
+        async with unavailable(self._timeout):
             data: Any = await self._r.get(f"{self._prefix}:blob:{key}")
         return None if data is None else str(data)
 
     async def delete_blob(self, key: str) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._r.delete(f"{self._prefix}:blob:{key}")
 
     async def put_part(self, key: str, index: int, data: str, *, ttl_s: float) -> None:
         name = f"{self._prefix}:parts:{key}"
-        with unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.hset(name, str(index), data)
-                pipe.pexpire(name, ms(ttl_s))
-                await pipe.execute()
+        async with unavailable(self._timeout), self._r.pipeline(transaction=True) as pipe:
+            pipe.hset(name, str(index), data)
+            pipe.pexpire(name, ms(ttl_s))
+            await pipe.execute()
 
     async def get_parts(self, key: str) -> dict[int, str]:
-        with unavailable():
+        async with unavailable(self._timeout):
             parts: Any = await self._r.hgetall(f"{self._prefix}:parts:{key}")
         return {int(i): data for i, data in parts.items()}
 
     async def delete_parts(self, key: str) -> None:
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._r.delete(f"{self._prefix}:parts:{key}")
 
 

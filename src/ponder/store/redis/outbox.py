@@ -27,7 +27,7 @@ class RedisOutbox(RedisBase, Outbox):
         for entry in entries:
             args += [entry.webhook_id, entry.to_storage(), entry.host]
         keys = [self._outbox_key, self._notice_key(Notice.outbox)]
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._enqueue(keys=keys, args=args)
 
     async def claim_deliveries(
@@ -46,7 +46,7 @@ class RedisOutbox(RedisBase, Outbox):
         ]
         for host, left in room.busy.items():
             args += [host, left]
-        with unavailable():
+        async with unavailable(self._timeout):
             datas, wait_ms = await self._claim_deliveries(keys=[self._outbox_key], args=args)
         entries = [OutboxEntry.from_storage(d) for d in datas]
         return entries, None if wait_ms is None else int(wait_ms) / 1000
@@ -59,16 +59,15 @@ class RedisOutbox(RedisBase, Outbox):
             entry.to_storage(),
             round(delay_s * 1000),
         ]
-        with unavailable():
+        async with unavailable(self._timeout):
             return bool(await self._retry_delivery(keys=keys, args=args))
 
     async def finish_delivery(self, webhook_id: str) -> None:
-        with unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.zrem(self._outbox_key, webhook_id)
-                pipe.delete(self._delivery_key(webhook_id))
-                await pipe.execute()
+        async with unavailable(self._timeout), self._r.pipeline(transaction=True) as pipe:
+            pipe.zrem(self._outbox_key, webhook_id)
+            pipe.delete(self._delivery_key(webhook_id))
+            await pipe.execute()
 
     async def outbox_depth(self) -> int:
-        with unavailable():
+        async with unavailable(self._timeout):
             return int(await self._r.zcard(self._outbox_key))

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Sequence
 from typing import Any
 
@@ -28,7 +27,7 @@ class RedisWorkQueue(RedisBase, WorkQueue):
         """
         check_priorities(priorities)
         keys = [self._queue_key(p) for p in priorities]
-        with unavailable():
+        async with unavailable(self._timeout):
             hit = await self._grouped(
                 lambda: self._claim(keys=keys, args=[GROUP, consumer, self._task_key("")])
             )
@@ -36,19 +35,18 @@ class RedisWorkQueue(RedisBase, WorkQueue):
             return Claim(hit[2], priorities[hit[0] - 1], hit[1], hit[3] or None)
         if block_ms <= 0:  # BLOCK 0 would wait forever
             return None
-        with unavailable():
-            async with asyncio.timeout(block_ms / 1000 + self._timeout):
-                try:
-                    reply: Any = await self._grouped(
-                        lambda: self._rb.xreadgroup(
-                            GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
-                        ),
-                        again=False,
-                    )
-                except rexc.ResponseError as e:
-                    if not str(e).startswith(GROUP_LOST):
-                        raise
-                    return None  # the groups are back: the next claim reads them
+        async with unavailable(self._blocking(block_ms)):
+            try:
+                reply: Any = await self._grouped(
+                    lambda: self._rb.xreadgroup(
+                        GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
+                    ),
+                    again=False,
+                )
+            except rexc.ResponseError as e:
+                if not str(e).startswith(GROUP_LOST):
+                    raise
+                return None  # the groups are back: the next claim reads them
         got = {
             keys.index(key): Claim(
                 fields["task"], priorities[keys.index(key)], entry_id, fields.get("data")
@@ -68,7 +66,7 @@ class RedisWorkQueue(RedisBase, WorkQueue):
             return []
         keys = [*(self._queue_key(p) for p in range(NUM_PRIORITIES)), self._workers_key]
         args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
-        with unavailable():
+        async with unavailable(self._timeout):
             taken = await self._grouped(lambda: self._reclaim(keys=keys, args=args))
         return [Claim(task_id, int(p), entry_id) for p, entry_id, task_id in taken]
 
@@ -77,19 +75,18 @@ class RedisWorkQueue(RedisBase, WorkQueue):
         if not claims:
             return
         keys = [self._queue_key(c.priority) for c in claims]
-        with unavailable():
+        async with unavailable(self._timeout):
             args = [GROUP, consumer, *(c.receipt for c in claims)]
             await self._grouped(lambda: self._renew(keys=keys, args=args))
 
     async def ack(self, claim: Claim) -> None:
         key = self._queue_key(claim.priority)
-        with unavailable():
-            async with self._r.pipeline(transaction=True) as pipe:
-                pipe.xack(key, GROUP, claim.receipt)
-                pipe.xdel(key, claim.receipt)
-                await pipe.execute()
+        async with unavailable(self._timeout), self._r.pipeline(transaction=True) as pipe:
+            pipe.xack(key, GROUP, claim.receipt)
+            pipe.xdel(key, claim.receipt)
+            await pipe.execute()
 
     async def release(self, claim: Claim) -> None:
         keys = [self._queue_key(claim.priority)]
-        with unavailable():
+        async with unavailable(self._timeout):
             await self._release(keys=keys, args=[GROUP, claim.receipt, claim.task_id])

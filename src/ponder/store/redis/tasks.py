@@ -48,7 +48,7 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             self._task_key(""),
             "1" if admission.batch else "0",
         ]
-        with unavailable():
+        async with unavailable(self._timeout):
             outcome = await self._create(keys=keys, args=args)
         if outcome[0] == "full":
             raise QueueFull(admission.max_pending)
@@ -59,18 +59,17 @@ class RedisTaskRecords(RedisBase, TaskRecords):
         return task, True
 
     async def get_task(self, task_id: str) -> Task | None:
-        with unavailable():
+        async with unavailable(self._timeout):
             data = await self._r.hget(self._task_key(task_id), "data")
         return None if data is None else Task.from_storage(data)
 
     async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
         if not task_ids:
             return []
-        with unavailable():
-            async with self._r.pipeline(transaction=False) as pipe:
-                for task_id in task_ids:
-                    pipe.hget(self._task_key(task_id), "data")
-                found: list[str | None] = await pipe.execute()
+        async with unavailable(self._timeout), self._r.pipeline(transaction=False) as pipe:
+            for task_id in task_ids:
+                pipe.hget(self._task_key(task_id), "data")
+            found: list[str | None] = await pipe.execute()
         return [None if d is None else Task.from_storage(d) for d in found]
 
     async def list_tasks(
@@ -83,7 +82,7 @@ class RedisTaskRecords(RedisBase, TaskRecords):
         # statuses in larger batches since many entries may not match
         batch = limit + 1 if status is None else max(limit + 1, 100)
         found: list[Task] = []
-        with unavailable():
+        async with unavailable(self._timeout):
             while len(found) <= limit:
                 members: list[Any] = await self._r.zrevrangebylex(index, top, "-", 0, batch)
                 if not members:
@@ -115,18 +114,18 @@ class RedisTaskRecords(RedisBase, TaskRecords):
         return found, None
 
     async def pending_count(self) -> int:
-        with unavailable():
+        async with unavailable(self._timeout):
             total = await self._r.hget(self._pending_key, "total")
         return int(total or 0)
 
     async def batch_pending_count(self) -> int:
-        with unavailable():
+        async with unavailable(self._timeout):
             lines = await self._r.hget(self._pending_key, "batch")
         return int(lines or 0)
 
     async def queue_depths(self) -> dict[int, int]:
         levels = list(range(NUM_PRIORITIES))
-        with unavailable():
+        async with unavailable(self._timeout):
             counts = await self._r.hmget(self._pending_key, [str(p) for p in levels])
         return {p: int(n or 0) for p, n in zip(levels, counts, strict=True)}
 
@@ -167,7 +166,7 @@ class RedisTaskRecords(RedisBase, TaskRecords):
         ]
         if ack is not None:
             keys.append(self._queue_key(ack.priority))
-        with unavailable():
+        async with unavailable(self._timeout):
             written = await self._update(keys=keys, args=args)
         if written:
             task.rev = new_rev
