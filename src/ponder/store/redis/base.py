@@ -43,7 +43,7 @@ def unavailable(seconds: float) -> AbstractAsyncContextManager[None]:
     ``seconds`` (``store_timeout_s``; a blocking read adds its block time), and its
     connection failures and timeouts become :class:`StoreUnavailable`.
 
-    The store's pool has no socket timeout: redis-py would bound each write with
+    The store's pools have no socket timeout: redis-py would bound each write with
     ``asyncio.wait_for`` (a task of its own per command) and each read with a timer; one
     bound a call is cheaper and covers pipelines and blocking reads alike. A call cut off
     mid-way closes its connection (redis-py drops it on cancellation), so no reply is left
@@ -155,7 +155,8 @@ class RedisBase(Lifecycle):
 
     @property
     def client(self) -> Redis:
-        """The store's connection pool, for features that live beside it (rate limits)."""
+        """The store's connection pool, for features that live beside it (rate limits);
+        it has no socket timeout: bound each call (:func:`unavailable`)."""
         return self._r
 
     def _blocking(self, block_ms: int) -> float:
