@@ -22,6 +22,7 @@ from ponder.ids import sort_key
 from ponder.store.contract import Lifecycle
 from ponder.store.records import Notice
 from ponder.store.redis import lua
+from ponder.store.redis.lane import Lane
 
 __all__ = ["GROUP", "RedisBase", "redacted"]
 
@@ -130,7 +131,9 @@ class RedisBase(Lifecycle):
         # Blocking reads (claims, followed event streams) wait in a pool of their own, so
         # that many waiting followers cannot take every connection from the other calls.
         self._rb = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
-        script = self._r.register_script
+        # the hot calls (every script, task reads) go over one pipelined connection
+        self._lane = Lane(self._r.connection_pool, stale_s=self._timeout)
+        script = self._lane.script
         # tasks, queues, events
         self._create = script(lua.CREATE)
         self._update = script(lua.UPDATE)
@@ -228,6 +231,7 @@ class RedisBase(Lifecycle):
         return await call()
 
     async def close(self) -> None:
+        await self._lane.close()
         await self._r.aclose()
         await self._rb.aclose()
 

@@ -60,7 +60,7 @@ class RedisTaskRecords(RedisBase, TaskRecords):
 
     async def get_task(self, task_id: str) -> Task | None:
         async with unavailable(self._timeout):
-            data = await self._r.hget(self._task_key(task_id), "data")
+            data = await self._lane.call("HGET", self._task_key(task_id), "data")
         return None if data is None else Task.from_storage(data)
 
     async def get_tasks(self, task_ids: Sequence[str]) -> list[Task | None]:
