@@ -47,8 +47,9 @@ def unavailable(seconds: float) -> AbstractAsyncContextManager[None]:
     The store's pools have no socket timeout: redis-py would bound each write with
     ``asyncio.wait_for`` (a task of its own per command) and each read with a timer; one
     bound a call is cheaper and covers pipelines and blocking reads alike. A call cut off
-    mid-way closes its connection (redis-py drops it on cancellation), so no reply is left
-    for the next call to read.
+    mid-way closes its pooled connection (redis-py drops it on cancellation), so no reply
+    is left for the next call to read; on the pipelined connection (:class:`Lane`) its
+    reply is dropped when it comes.
     """
     return _StoreCall(seconds)
 

@@ -140,9 +140,12 @@ class Lane:
             self._link = None
             if link is not None:
                 await link.close()
-            conn = self._pool.make_connection()  # type: ignore[no-untyped-call]
+            # RESP2: no push messages (RESP3's maintenance notifications, invalidations)
+            # can come between the replies
+            kwargs = {**self._pool.connection_kwargs, "protocol": 2}
+            conn: AbstractConnection = self._pool.connection_class(**kwargs)
             try:
-                await conn.connect()
+                await conn.connect()  # type: ignore[no-untyped-call]
             except BaseException:
                 await conn.disconnect()
                 raise

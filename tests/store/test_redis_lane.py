@@ -1,0 +1,125 @@
+"""The Redis store's pipelined connection (ponder.store.redis.lane) against a real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+import redis.asyncio as aioredis
+from redis import exceptions as rexc
+
+from ponder.store.redis.lane import Lane
+
+pytestmark = pytest.mark.timeout(30)
+
+#: replies to the commands redis-py sends on a new connection
+_HANDSHAKE = {b"HELLO": b"%1\r\n+proto\r\n:3\r\n", b"SETINFO": b"+OK\r\n", b"SELECT": b"+OK\r\n"}
+
+
+@pytest.fixture
+async def pool(redis_url: str) -> AsyncIterator[aioredis.ConnectionPool]:
+    pool = aioredis.ConnectionPool.from_url(redis_url, decode_responses=True)
+    try:
+        yield pool
+    finally:
+        await pool.aclose()
+
+
+@pytest.fixture
+async def lane(pool: aioredis.ConnectionPool) -> AsyncIterator[Lane]:
+    lane = Lane(pool, stale_s=5)
+    try:
+        yield lane
+    finally:
+        await lane.close()
+
+
+@pytest.fixture
+async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def test_concurrent_calls_each_get_their_own_reply(lane: Lane, key_prefix: str) -> None:
+    keys = [f"{key_prefix}:lane:{i}" for i in range(200)]
+    await asyncio.gather(*(lane.call("SET", k, i, "PX", 60_000) for i, k in enumerate(keys)))
+    values = await asyncio.gather(*(lane.call("GET", k) for k in keys))
+    assert values == [str(i) for i in range(200)]
+    assert await lane.call("GET", f"{key_prefix}:lane:none") is None
+
+
+async def test_a_call_given_up_does_not_shift_the_replies(lane: Lane, key_prefix: str) -> None:
+    await lane.call("SET", f"{key_prefix}:a", "a", "PX", 60_000)
+    await lane.call("SET", f"{key_prefix}:b", "b", "PX", 60_000)
+    given_up = asyncio.create_task(lane.call("GET", f"{key_prefix}:a"))
+    await asyncio.sleep(0)  # sent, its reply not read yet
+    given_up.cancel()
+    assert await lane.call("GET", f"{key_prefix}:b") == "b"
+    with pytest.raises(asyncio.CancelledError):
+        await given_up
+
+
+async def test_an_error_reply_raises_for_its_call_only(lane: Lane, key_prefix: str) -> None:
+    await lane.call("SET", f"{key_prefix}:s", "text", "PX", 60_000)
+    bad = lane.call("HGET", f"{key_prefix}:s", "f")
+    good = lane.call("GET", f"{key_prefix}:s")
+    result = await asyncio.gather(bad, good, return_exceptions=True)
+    assert isinstance(result[0], rexc.ResponseError) and "WRONGTYPE" in str(result[0])
+    assert result[1] == "text"
+
+
+async def test_scripts_survive_a_flushed_script_cache(lane: Lane, raw: aioredis.Redis) -> None:
+    echo = lane.script("return ARGV[1] .. KEYS[1]")
+    assert await echo(keys=["k"], args=["v"]) == "vk"
+    await raw.script_flush()  # as a Redis restart does
+    assert await echo(keys=["k"], args=["w"]) == "wk"
+
+
+async def test_a_killed_connection_is_replaced(lane: Lane, raw: aioredis.Redis) -> None:
+    await lane.call("CLIENT", "SETNAME", "ponder-lane-test")
+    assert await lane.call("PING") == "PONG"
+    own = await lane.call("CLIENT", "ID")
+    assert await raw.client_kill_filter(_id=own) == 1
+    for _ in range(50):  # until the lane has read the close
+        await asyncio.sleep(0.02)
+        link = lane._link
+        if link is None or link.error is not None:
+            break
+    assert await lane.call("PING") == "PONG"
+    assert await lane.call("CLIENT", "ID") != own
+
+
+async def test_a_connection_that_stopped_answering_is_replaced() -> None:
+    """A call left unanswered for stale_s marks the connection dead: the next call
+    opens another."""
+    connections = 0
+
+    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal connections
+        connections += 1
+        while data := await reader.read(65536):  # answers redis-py's handshake, nothing else
+            for word, reply in _HANDSHAKE.items():
+                writer.write(reply * data.count(b"$%d\r\n%s\r\n" % (len(word), word)))
+        writer.close()
+
+    server = await asyncio.start_server(silent, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
+    lane = Lane(pool, stale_s=0.2)
+    try:
+        async with server:
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await lane.call("GET", "k")
+            assert connections == 1
+            with pytest.raises(TimeoutError):
+                async with asyncio.timeout(0.3):
+                    await lane.call("GET", "k")
+            assert connections == 2
+    finally:
+        await lane.close()
+        await pool.aclose()
