@@ -93,6 +93,32 @@ async def test_a_killed_connection_is_replaced(lane: Lane, raw: aioredis.Redis) 
     assert await lane.call("CLIENT", "ID") != own
 
 
+async def test_every_kind_of_error_reply_raises() -> None:
+    """redis-py maps some error replies to ConnectionError's kin (LOADING: a Redis
+    loading its data after a restart); those raise too, not come back as a value."""
+
+    async def loading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        while data := await reader.read(65536):
+            for word, reply in _HANDSHAKE.items():
+                writer.write(reply * data.count(b"$%d\r\n%s\r\n" % (len(word), word)))
+            writer.write(
+                b"-LOADING Redis is loading the dataset in memory\r\n" * data.count(b"GET")
+            )
+        writer.close()
+
+    server = await asyncio.start_server(loading, "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+    pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
+    lane = Lane(pool, stale_s=5)
+    try:
+        async with server:
+            with pytest.raises(rexc.BusyLoadingError):
+                await lane.call("GET", "k")
+    finally:
+        await lane.close()
+        await pool.aclose()
+
+
 async def test_a_connection_that_stopped_answering_is_replaced() -> None:
     """A call left unanswered for stale_s marks the connection dead: the next call
     opens another."""
