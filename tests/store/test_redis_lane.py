@@ -93,6 +93,19 @@ async def test_a_killed_connection_is_replaced(lane: Lane, raw: aioredis.Redis) 
     assert await lane.call("CLIENT", "ID") != own
 
 
+async def test_a_call_on_a_connection_closed_under_it_fails_then_the_next_one_reconnects(
+    lane: Lane,
+) -> None:
+    assert await lane.call("PING") == "PONG"
+    link = lane._link
+    assert link is not None
+    link._writer.transport.abort()  # closed before the reader task has seen it
+    with pytest.raises(rexc.ConnectionError):
+        await lane.call("PING")
+    assert await lane.call("PING") == "PONG"
+    assert lane._link is not link
+
+
 async def test_every_kind_of_error_reply_raises() -> None:
     """redis-py maps some error replies to ConnectionError's kin (LOADING: a Redis
     loading its data after a restart); those raise too, not come back as a value."""

@@ -63,7 +63,13 @@ class _Link:
         if self.error is not None:
             raise self.error
         loop = asyncio.get_running_loop()
-        self._writer.write(hiredis.pack_command(tuple(args)))  # type: ignore[arg-type]
+        command = hiredis.pack_command(tuple(args))  # type: ignore[arg-type]
+        try:
+            self._writer.write(command)
+        except RuntimeError as e:  # uvloop: closed before the reader saw the end
+            error = rexc.ConnectionError(f"Error while writing to Redis: {e}")
+            self._fail(error)
+            raise error from e
         future: asyncio.Future[Any] = loop.create_future()
         self._waiting.append((future, loop.time()))
         return future
