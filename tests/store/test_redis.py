@@ -27,16 +27,6 @@ async def store(redis_settings: Settings) -> AsyncIterator[RedisStore]:
         await s.close()
 
 
-@pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    """A plain client to look at the keys (only under this test's key prefix)."""
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
-
-
 async def test_start_and_close_are_idempotent(redis_settings: Settings) -> None:
     store = RedisStore(redis_settings)
     await store.start()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
@@ -33,15 +34,6 @@ async def lane(pool: aioredis.ConnectionPool) -> AsyncIterator[Lane]:
         yield lane
     finally:
         await lane.close()
-
-
-@pytest.fixture
-async def raw(redis_url: str) -> AsyncIterator[aioredis.Redis]:
-    client = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        yield client
-    finally:
-        await client.aclose()
 
 
 async def test_concurrent_calls_each_get_their_own_reply(lane: Lane, key_prefix: str) -> None:
@@ -106,59 +98,52 @@ async def test_a_call_on_a_connection_closed_under_it_fails_then_the_next_one_re
     assert lane._link is not link
 
 
-async def test_every_kind_of_error_reply_raises() -> None:
-    """redis-py maps some error replies to ConnectionError's kin (LOADING: a Redis
-    loading its data after a restart); those raise too, not come back as a value."""
+class _FakeRedis:
+    """A loopback server that answers redis-py's handshake, then ``answer`` to each GET
+    (nothing when empty); :attr:`connections` counts the connections it took."""
 
-    async def loading(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(self, answer: bytes = b"") -> None:
+        self.answer = answer
+        self.connections = 0
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
         while data := await reader.read(65536):
             for word, reply in _HANDSHAKE.items():
                 writer.write(reply * data.count(b"$%d\r\n%s\r\n" % (len(word), word)))
-            writer.write(
-                b"-LOADING Redis is loading the dataset in memory\r\n" * data.count(b"GET")
-            )
+            writer.write(self.answer * data.count(b"$3\r\nGET\r\n"))
         writer.close()
 
-    server = await asyncio.start_server(loading, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
-    lane = Lane(pool, stale_s=5)
-    try:
-        async with server:
-            with pytest.raises(rexc.BusyLoadingError):
-                await lane.call("GET", "k")
-    finally:
-        await lane.close()
-        await pool.aclose()
+    @contextlib.asynccontextmanager
+    async def lane(self, stale_s: float) -> AsyncIterator[Lane]:
+        server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
+        lane = Lane(pool, stale_s=stale_s)
+        try:
+            async with server:
+                yield lane
+        finally:
+            await lane.close()
+            await pool.aclose()
+
+
+async def test_every_kind_of_error_reply_raises() -> None:
+    """redis-py maps some error replies to ConnectionError's kin (LOADING: a Redis
+    loading its data after a restart); those raise too, not come back as a value."""
+    fake = _FakeRedis(b"-LOADING Redis is loading the dataset in memory\r\n")
+    async with fake.lane(stale_s=5) as lane:
+        with pytest.raises(rexc.BusyLoadingError):
+            await lane.call("GET", "k")
 
 
 async def test_a_connection_that_stopped_answering_is_replaced() -> None:
     """A call left unanswered for stale_s marks the connection dead: the next call
     opens another."""
-    connections = 0
-
-    async def silent(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        nonlocal connections
-        connections += 1
-        while data := await reader.read(65536):  # answers redis-py's handshake, nothing else
-            for word, reply in _HANDSHAKE.items():
-                writer.write(reply * data.count(b"$%d\r\n%s\r\n" % (len(word), word)))
-        writer.close()
-
-    server = await asyncio.start_server(silent, "127.0.0.1", 0)
-    port = server.sockets[0].getsockname()[1]
-    pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
-    lane = Lane(pool, stale_s=0.2)
-    try:
-        async with server:
+    fake = _FakeRedis()
+    async with fake.lane(stale_s=0.2) as lane:
+        for made in (1, 2):
             with pytest.raises(TimeoutError):
                 async with asyncio.timeout(0.3):
                     await lane.call("GET", "k")
-            assert connections == 1
-            with pytest.raises(TimeoutError):
-                async with asyncio.timeout(0.3):
-                    await lane.call("GET", "k")
-            assert connections == 2
-    finally:
-        await lane.close()
-        await pool.aclose()
+            assert fake.connections == made
