@@ -18,22 +18,21 @@ pytestmark = pytest.mark.timeout(30)
 _HANDSHAKE = {b"HELLO": b"%1\r\n+proto\r\n:3\r\n", b"SETINFO": b"+OK\r\n", b"SELECT": b"+OK\r\n"}
 
 
-@pytest.fixture
-async def pool(redis_url: str) -> AsyncIterator[aioredis.ConnectionPool]:
-    pool = aioredis.ConnectionPool.from_url(redis_url, decode_responses=True)
-    try:
-        yield pool
-    finally:
-        await pool.aclose()
-
-
-@pytest.fixture
-async def lane(pool: aioredis.ConnectionPool) -> AsyncIterator[Lane]:
-    lane = Lane(pool, stale_s=5)
+@contextlib.asynccontextmanager
+async def _lane_at(url: str, stale_s: float) -> AsyncIterator[Lane]:
+    pool = aioredis.ConnectionPool.from_url(url)
+    lane = Lane(pool, stale_s=stale_s)
     try:
         yield lane
     finally:
         await lane.close()
+        await pool.aclose()
+
+
+@pytest.fixture
+async def lane(redis_url: str) -> AsyncIterator[Lane]:
+    async with _lane_at(redis_url, stale_s=5) as lane:
+        yield lane
 
 
 async def test_concurrent_calls_each_get_their_own_reply(lane: Lane, key_prefix: str) -> None:
@@ -47,12 +46,12 @@ async def test_concurrent_calls_each_get_their_own_reply(lane: Lane, key_prefix:
 async def test_a_call_given_up_does_not_shift_the_replies(lane: Lane, key_prefix: str) -> None:
     await lane.call("SET", f"{key_prefix}:a", "a", "PX", 60_000)
     await lane.call("SET", f"{key_prefix}:b", "b", "PX", 60_000)
-    given_up = asyncio.create_task(lane.call("GET", f"{key_prefix}:a"))
-    await asyncio.sleep(0)  # sent, its reply not read yet
+    link = lane._link
+    assert link is not None
+    given_up = link.send(("GET", f"{key_prefix}:a"))  # sent, its reply not read yet
     given_up.cancel()
     assert await lane.call("GET", f"{key_prefix}:b") == "b"
-    with pytest.raises(asyncio.CancelledError):
-        await given_up
+    assert given_up.cancelled()
 
 
 async def test_an_error_reply_raises_for_its_call_only(lane: Lane, key_prefix: str) -> None:
@@ -72,15 +71,13 @@ async def test_scripts_survive_a_flushed_script_cache(lane: Lane, raw: aioredis.
 
 
 async def test_a_killed_connection_is_replaced(lane: Lane, raw: aioredis.Redis) -> None:
-    await lane.call("CLIENT", "SETNAME", "ponder-lane-test")
-    assert await lane.call("PING") == "PONG"
     own = await lane.call("CLIENT", "ID")
+    link = lane._link
+    assert link is not None
     assert await raw.client_kill_filter(_id=own) == 1
-    for _ in range(50):  # until the lane has read the close
-        await asyncio.sleep(0.02)
-        link = lane._link
-        if link is None or link.error is not None:
-            break
+    async with asyncio.timeout(5):  # until the lane's reader has seen the close
+        await link._reading
+    assert link.error is not None
     assert await lane.call("PING") == "PONG"
     assert await lane.call("CLIENT", "ID") != own
 
@@ -118,14 +115,8 @@ class _FakeRedis:
     async def lane(self, stale_s: float) -> AsyncIterator[Lane]:
         server = await asyncio.start_server(self._serve, "127.0.0.1", 0)
         port = server.sockets[0].getsockname()[1]
-        pool = aioredis.ConnectionPool.from_url(f"redis://127.0.0.1:{port}/0")
-        lane = Lane(pool, stale_s=stale_s)
-        try:
-            async with server:
-                yield lane
-        finally:
-            await lane.close()
-            await pool.aclose()
+        async with server, _lane_at(f"redis://127.0.0.1:{port}/0", stale_s) as lane:
+            yield lane
 
 
 async def test_every_kind_of_error_reply_raises() -> None:
