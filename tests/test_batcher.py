@@ -625,7 +625,7 @@ async def test_flagged_request_is_skipped_at_dispatch(make: Make) -> None:
     batcher = await started(make, engine, max_batch_size=2, adaptive=False, clock=clock)
     flagged, other = req("a"), req("b")
     tasks = [asyncio.create_task(batcher.submit(r)) for r in (flagged, other)]
-    flagged.cancelled.set()  # the flag alone, without the callbacks: seen at dispatch
+    flagged._cancelled = True  # the flag alone, without the callbacks: seen at dispatch
     await settle()
     await advance(clock, batcher, 0.05)
     assert [c.prompts for c in engine.calls] == [["b"]]

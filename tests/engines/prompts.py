@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
@@ -52,23 +52,27 @@ def failed(result: SampleOutput | BaseException) -> EngineError:
     return result
 
 
-class ActOnCheck(threading.Event):
-    """A cancellation flag that runs ``action`` (by default, sets itself) on its n-th check.
+@dataclass(eq=False)
+class ActOnCheck(SampleRequest):
+    """A row that runs ``action`` (by default, flags itself cancelled, without the
+    callbacks) on the n-th check of its cancellation flag.
 
     The engine checks a row's flag when it is submitted, when it is admitted and once per
     decode step after that, so this acts at a known step.
     """
 
-    def __init__(self, checks: int, action: Callable[[], object] | None = None) -> None:
-        super().__init__()
-        self.checks_left = checks
-        self.action = action or self.set
+    checks_left: int = 0
+    action: Callable[[], object] | None = None
 
-    def is_set(self) -> bool:
+    @property
+    def is_cancelled(self) -> bool:
         self.checks_left -= 1
         if self.checks_left == 0:
-            self.action()
-        return super().is_set()
+            if self.action is None:
+                self._cancelled = True
+            else:
+                self.action()
+        return self._cancelled
 
 
 #: chats whose templated texts and ids the tokenizer tests compare with transformers'

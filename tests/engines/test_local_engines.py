@@ -122,7 +122,7 @@ async def test_the_chat_template_is_applied(engine: Engine) -> None:
 async def test_cancelling_a_row_mid_generation_stops_it_alone(engine: Engine) -> None:
     # checked at submit, at admission, then once per step (the openvino engine's rows of
     # one prompt wait one step for the first's prefill): the fifth check is mid-generation
-    cancelled = SampleRequest(prompt=STORY, max_new_tokens=12, cancelled=ActOnCheck(5))
+    cancelled = ActOnCheck(prompt=STORY, max_new_tokens=12, checks_left=5)
     outputs = await run(engine, greedy(STORY), cancelled, greedy(HAIKU))
     assert outputs[1].finish_reason == "cancelled"
     assert 0 < outputs[1].completion_tokens < 12
@@ -134,11 +134,17 @@ async def test_cancelling_a_row_mid_generation_stops_it_alone(engine: Engine) ->
 async def test_a_cancelled_call_stops_computing_its_row(engine: Engine) -> None:
     loop = asyncio.get_running_loop()
     tasks: list[asyncio.Task[object]] = []
-    cancel_the_call = ActOnCheck(3, lambda: loop.call_soon_threadsafe(tasks[0].cancel))
     before = engine.stats.rows_stepped
     tasks.append(
         asyncio.create_task(
-            engine.submit(SampleRequest(prompt=STORY, max_new_tokens=64, cancelled=cancel_the_call))
+            engine.submit(
+                ActOnCheck(
+                    prompt=STORY,
+                    max_new_tokens=64,
+                    checks_left=3,
+                    action=lambda: loop.call_soon_threadsafe(tasks[0].cancel),
+                )
+            )
         )
     )
     with pytest.raises(asyncio.CancelledError):

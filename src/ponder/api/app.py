@@ -103,6 +103,9 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         version=__version__,
         summary="Asynchronous LLM inference: submit a task, get an id, collect a better answer.",
         lifespan=lifespan,
+        # FastAPI's OpenTelemetry hooks: ponder configures no provider (its metrics are
+        # Prometheus', /metrics), and the per-request checks for one cost CPU on every call
+        telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
     install_error_handlers(app)
     app.add_middleware(

@@ -53,7 +53,7 @@ FinishReason = Literal["stop", "length", "cancelled", "timeout", "error"]
 class SampleRequest:
     """One row to generate: a prompt (or chat messages) and its sampling parameters.
 
-    ``cancelled`` is a thread-safe flag; see :meth:`cancel`.
+    ``is_cancelled`` is safe to read from any thread; see :meth:`cancel`.
     """
 
     prompt: str | None = None
@@ -73,16 +73,18 @@ class SampleRequest:
     timeout_s: float | None = None
     #: called on the submitting event loop with each new piece of text (see the module doc)
     on_text: Callable[[str], object] | None = field(default=None, repr=False)
-    cancelled: threading.Event = field(default_factory=threading.Event)
+    #: set once, under ``_lock``, by :meth:`cancel` (a plain flag: a ``threading.Event``
+    #: per row cost more to make than the rest of the request; nothing waits on it)
+    _cancelled: bool = field(default=False, init=False, repr=False)
     _on_cancel: list[Callable[[], object]] = field(default_factory=list, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def cancel(self) -> None:
         """Mark the row cancelled and run the callbacks registered with :meth:`on_cancel`."""
         with self._lock:
-            if self.cancelled.is_set():
+            if self._cancelled:
                 return
-            self.cancelled.set()
+            self._cancelled = True
             callbacks, self._on_cancel = self._on_cancel, []
         for callback in callbacks:
             callback()
@@ -90,14 +92,14 @@ class SampleRequest:
     def on_cancel(self, callback: Callable[[], object]) -> None:
         """Call ``callback`` when the row is cancelled (at once if it already is)."""
         with self._lock:
-            if not self.cancelled.is_set():
+            if not self._cancelled:
                 self._on_cancel.append(callback)
                 return
         callback()
 
     @property
     def is_cancelled(self) -> bool:
-        return self.cancelled.is_set()
+        return self._cancelled
 
     def prompt_key(self) -> str:
         """A key equal for requests with the same prompt (for shared-prefix grouping)."""

@@ -96,6 +96,10 @@ _COMMENTED_NUMBER = re.compile(
     re.IGNORECASE,
 )
 _THOUSANDS = re.compile(r"^[-+]?\d{1,3}(?:,\d{3})+(?:\.\d+)?$")
+#: a plain integer (at most 100 digits: a longer one is not converted): :func:`clean_math`
+#: leaves it as it is and its key is its value, so both skip their general path (the
+#: commonest answer, and the question's numbers, which every sample's extraction keys)
+_PLAIN_INT = re.compile(r"-?\d{1,100}")
 _DECIMAL = re.compile(r"^[-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d{1,3})?$")
 _RATIO = re.compile(r"^([-+]?\d+)/(\d+)$")
 _FRAC = re.compile(
@@ -135,6 +139,8 @@ def cut_sentence(s: str) -> str:
 
 def clean_math(raw: str) -> str:
     """A math answer as displayed: delimiters, markup, units, trailing words removed."""
+    if _PLAIN_INT.fullmatch(raw):
+        return raw
     s = raw.strip().strip("*`").strip()
     anchors = list(ANSWER_ANCHOR.finditer(s))
     if anchors and s[anchors[-1].end() :].strip():
@@ -222,6 +228,8 @@ def _math_key(answer: str) -> str:
 
 
 def _math_key_of(number: str) -> str:
+    if _PLAIN_INT.fullmatch(number):
+        return str(int(number))
     value = as_rational(_math_normal(number))
     return str(value) if value is not None else number
 
