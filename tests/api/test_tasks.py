@@ -131,6 +131,24 @@ async def test_non_finite_and_oversized_numbers_are_422(
     assert (await client.get("/v1/tasks")).json()["data"] == []
 
 
+async def test_a_valid_body_left_to_fastapis_handler_makes_the_same_task(
+    client: httpx.AsyncClient,
+) -> None:
+    # a valid body is validated in one pass; a run of over 100 digits (here inside a
+    # string, where it is allowed) leaves the body to FastAPI's handler: both make the same
+    # task from the same request
+    digits = "7" * 101
+    body = {"prompt": f"Say {digits} [[answers: 1]]", "mode": "fast", "metadata": {"k": [1, 2.5]}}
+    quick = await client.post("/v1/tasks", json={**body, "prompt": f"Say {digits[:100]} x"})
+    slow = await client.post("/v1/tasks", json=body)
+    assert quick.status_code == slow.status_code == 202
+    first, second = quick.json(), slow.json()
+    assert second["prompt"] == body["prompt"]
+    for key in ("id", "prompt", "created_at"):
+        first.pop(key), second.pop(key)
+    assert first == second
+
+
 async def test_strict_input_accepts_what_the_contract_allows(client: httpx.AsyncClient) -> None:
     body = {
         "prompt": "Pick [[answers: 1]]",

@@ -9,6 +9,7 @@ with 422 before they are converted; :class:`~ponder.schemas.TaskCreate` does the
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
@@ -30,6 +31,9 @@ __all__ = ["MAX_INT_DIGITS", "StrictJSONRoute", "load_task", "router"]
 #: the longest integer a body may hold (digits); a longer one is refused before
 #: conversion, which costs time quadratic in its length
 MAX_INT_DIGITS = 100
+_LONG_INT = re.compile(rb"\d{%d}" % (MAX_INT_DIGITS + 1))
+#: the longest Idempotency-Key header (characters)
+IDEMPOTENCY_KEY_MAX = 255
 
 
 def _parse_int(text: str) -> int:
@@ -62,7 +66,13 @@ def _is_json(content_type: str) -> bool:
 
 class StrictJSONRoute(APIRoute):
     """A route whose body must be sent as JSON and is parsed without oversized numbers
-    (FastAPI answers 422 "not a valid dictionary" to a form body, 400 to a long number)."""
+    (FastAPI answers 422 "not a valid dictionary" to a form body, 400 to a long number).
+
+    ``at_once``: a faster way to answer a request, tried first; it returns None for a
+    request it leaves to FastAPI's handler (which reads the body it already read).
+    """
+
+    at_once: Callable[[Request], Coroutine[Any, Any, Response | None]] | None = None
 
     def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
         handler = super().get_route_handler()
@@ -78,7 +88,12 @@ class StrictJSONRoute(APIRoute):
                     f"send the body as JSON with `Content-Type: application/json` (got "
                     f"{content_type or 'no Content-Type'})",
                 )
-            return await handler(_StrictJSONRequest(request.scope, request.receive))
+            strict = _StrictJSONRequest(request.scope, request.receive)
+            if self.at_once is not None:
+                response = await self.at_once(strict)
+                if response is not None:
+                    return response
+            return await handler(strict)
 
         return strict_handler
 
@@ -102,8 +117,49 @@ async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
         raise ApiError.of(e) from e
 
 
-@router.post(
+async def create_task(
+    req: TaskCreate,
+    caller: Caller,
+    idempotency_key: Annotated[str | None, Header(max_length=IDEMPOTENCY_KEY_MAX)] = None,
+) -> Response:
+    """Submit a task; answers 202 at once with the Task (200 for an idempotent repeat)."""
+    stored, created = await admission.submit(caller.state, req, caller.owner, idempotency_key)
+    return _task_response(
+        stored, status_code=202 if created else 200, headers={"Location": f"/v1/tasks/{stored.id}"}
+    )
+
+
+async def _submit_at_once(request: Request) -> Response | None:
+    """``POST /v1/tasks`` for a body that validates, in one pass: pydantic parses and
+    validates the JSON bytes, and the endpoint is called with the caller and the key.
+    FastAPI's handler parses the JSON into a dict, validates that, and solves three
+    parameters: more CPU than the rest of the route (an in-process measurement).
+
+    None for anything else (a body that does not validate, a number over
+    :data:`MAX_INT_DIGITS` digits, an Idempotency-Key over its length): FastAPI's
+    handler then answers it, with the same errors as without this path.
+    """
+    key = request.headers.get("idempotency-key")
+    if key is not None and len(key) > IDEMPOTENCY_KEY_MAX:
+        return None
+    body = await request.body()
+    if _LONG_INT.search(body):
+        return None
+    try:
+        req = TaskCreate.model_validate_json(body)
+    except ValueError:  # pydantic's ValidationError
+        return None
+    return await create_task(req, await caller_info(request), key)
+
+
+class _SubmitRoute(StrictJSONRoute):
+    at_once = staticmethod(_submit_at_once)
+
+
+router.add_api_route(
     "/tasks",
+    create_task,
+    methods=["POST"],
     status_code=202,
     responses={
         202: {"model": Task, "description": "the new Task"},
@@ -111,17 +167,8 @@ async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
         415: {"model": ErrorBody, "description": "the body is not sent as JSON"},
         **_ERRORS,
     },
+    route_class_override=_SubmitRoute,
 )
-async def create_task(
-    req: TaskCreate,
-    caller: Caller,
-    idempotency_key: Annotated[str | None, Header(max_length=255)] = None,
-) -> Response:
-    """Submit a task; answers 202 at once with the Task (200 for an idempotent repeat)."""
-    stored, created = await admission.submit(caller.state, req, caller.owner, idempotency_key)
-    return _task_response(
-        stored, status_code=202 if created else 200, headers={"Location": f"/v1/tasks/{stored.id}"}
-    )
 
 
 @router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
