@@ -277,6 +277,8 @@ async def test_operations(client: httpx.AsyncClient) -> None:
     assert (await client.get("/docs")).status_code == 200
     schema = (await client.get("/openapi.json")).json()
     assert "/v1/tasks" in schema["paths"]
+    # the polled route is served by a plain route and documented by its FastAPI route
+    assert set(schema["paths"]["/v1/tasks/{task_id}"]) == {"get", "delete"}
 
 
 async def test_backpressure_is_atomic(settings: Settings) -> None:
@@ -322,6 +324,7 @@ async def test_auth_and_isolation(settings: Settings) -> None:
             assert invalid.headers["www-authenticate"] == 'Bearer error="invalid_token"'
             task = (await alice.post("/v1/tasks", json={"prompt": "[[answers: 1]]"})).json()
             assert_error(await bob.get(f"/v1/tasks/{task['id']}"), 404, "not_found")
+            assert_error(await anon.get(f"/v1/tasks/{task['id']}"), 401, "unauthorized")
             assert_error(await bob.delete(f"/v1/tasks/{task['id']}"), 404, "not_found")
             assert (await bob.get("/v1/tasks")).json()["data"] == []
             assert (await wait_for_task(alice, task["id"]))["status"] == "done"

@@ -171,6 +171,19 @@ router.add_api_route(
 )
 
 
+async def _poll(request: Request) -> Response:
+    """``GET /v1/tasks/{task_id}``, the route clients poll, as a plain Starlette route
+    ahead of its FastAPI route (which documents it in the OpenAPI schema): FastAPI's
+    handling of a request (its route's parameters, dependencies, telemetry and exit stack)
+    cost more CPU than the route's own work: about 240 µs a request against 165 µs this way
+    (16 clients polling one task over loopback, development measurement). Errors reach
+    the same exception handlers; HEAD is answered too, as Starlette's routes do."""
+    return await get_task(request.path_params["task_id"], request)
+
+
+router.add_route("/v1/tasks/{task_id}", _poll, methods=["GET"], include_in_schema=False)
+
+
 @router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
 async def get_task(task_id: str, request: Request) -> Response:
     """The task with its samples, result and error."""
