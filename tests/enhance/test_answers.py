@@ -20,6 +20,7 @@ from ponder.enhance.answers import (
     reasoning_signals,
     same_answer,
 )
+from ponder.enhance.answers.base import normalise_text
 from ponder.enhance.answers.choice import parse_options
 from ponder.types import Sample, TaskType
 
@@ -781,3 +782,25 @@ def test_code_groups_that_pass_fewer_tests_cannot_win() -> None:
     untested = [[_sample(0, "a")], [_sample(1, "b")]]
     assert code.contenders(untested) == untested
     assert ANSWER_TYPES[TaskType.math].contenders(groups) == groups
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("Hello, World!  How's it going?", "hello world how s it going"),
+        ("ﬁve × ４２ = €3,50…", "five 42 3 50"),  # noqa: RUF001 (NFKC first)
+        ("「答え」は４２！", "答え は42"),  # noqa: RUF001 (CJK punctuation)
+        ("ΣΊΣΥΦΟΣ: 𝔸𝕓𝕔 ➕ 1", "σίσυφοσ abc 1"),  # noqa: RUF001 (outside the BMP)
+    ],
+)
+def test_normalise_text(text: str, expected: str) -> None:
+    assert normalise_text(text) == expected
+
+
+@given(st.text(max_size=40))
+def test_normalise_text_turns_punctuation_and_symbols_into_spaces(text: str) -> None:
+    import unicodedata
+
+    norm = unicodedata.normalize("NFKC", text).casefold()
+    words = "".join(" " if unicodedata.category(c)[0] in "PS" else c for c in norm).split()
+    assert normalise_text(text) == " ".join(words)
