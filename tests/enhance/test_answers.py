@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import unicodedata
 from typing import Any
 
 import pytest
@@ -799,8 +800,6 @@ def test_normalise_text(text: str, expected: str) -> None:
 
 @given(st.text(max_size=40))
 def test_normalise_text_turns_punctuation_and_symbols_into_spaces(text: str) -> None:
-    import unicodedata
-
     norm = unicodedata.normalize("NFKC", text).casefold()
     words = "".join(" " if unicodedata.category(c)[0] in "PS" else c for c in norm).split()
     assert normalise_text(text) == " ".join(words)

@@ -181,7 +181,9 @@ async def _poll(request: Request) -> Response:
     return await get_task(request.path_params["task_id"], request)
 
 
-router.add_route("/v1/tasks/{task_id}", _poll, methods=["GET"], include_in_schema=False)
+router.add_route(
+    f"{router.prefix}/tasks/{{task_id}}", _poll, methods=["GET"], include_in_schema=False
+)
 
 
 @router.get("/tasks/{task_id}", response_model=None, responses=_TASK | _ERRORS)
