@@ -1493,6 +1493,14 @@ def goals(bench: Bench) -> list[dict[str, Any]]:
             f"{sf.service_ms:.2f} / {arq_total:.2f} ms = {ratio:.2f}x",
             ratio <= 2.0,
         )
+    for case, commit, first, ratios, _ in version_ratios(bench):
+        median = statistics.median(ratios)
+        row(
+            f"the title's halving: {case} at {commit} <= 0.5x {first} (`--versions`, the "
+            "median of the rounds' ratios)",
+            f"{median:.2f}x ({', '.join(f'{r:.2f}' for r in ratios)})",
+            median <= 0.5,
+        )
     return rows
 
 
@@ -1786,40 +1794,58 @@ def render_versions(bench: Bench, add: Callable[[str], None]) -> None:
         "client | load | other work (cores) |"
     )
     add("|---|---|---:|---:|---:|---:|---:|---:|---:|---|---:|")
-    by_case: dict[str, dict[str, list[Phase]]] = {}
+    rounds: Counter[tuple[str, str]] = Counter()
     for p in runs:
-        label, _, rest = p.case.partition(" @ ")
-        commit, _, mode = rest.partition(", ")
-        case = f"{label}, {mode}"
-        by_commit = by_case.setdefault(case, {})
-        by_commit.setdefault(commit, []).append(p)
+        case, commit = version_of(p)
+        rounds[case, commit] += 1
         c = p.cpu_ms_per_task
         api, worker, redis = (
             f"{c[k]:.2f}" if k in c else "n/a"
             for k in ("api" if "api" in c else "serve", "worker", "redis")
         )
         add(
-            f"| {case} | {commit} | {len(by_commit[commit])} | {p.tasks_per_s:.1f} | "
+            f"| {case} | {commit} | {rounds[case, commit]} | {p.tasks_per_s:.1f} | "
             f"{api} | {worker} | {redis} | **{p.service_ms:.2f}** | {c['client']:.2f} | "
             f"{p.load_start:.2f} -> {p.load_end:.2f} | {p.other_cores:.2f} |"
         )
     add("")
+    for case, commit, first, ratios, controls in version_ratios(bench):
+        relative = [r / c for r, c in zip(ratios, controls, strict=True)]
+        add(
+            f"- {case}: {commit} / {first}, service CPU per task, per round: "
+            f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
+            f"**{statistics.median(ratios):.2f}**. The client's (its code the same for "
+            f"both: a control for the machine's speed): "
+            f"{', '.join(f'{c:.2f}' for c in controls)}; the service's ratio over the "
+            f"client's: {', '.join(f'{r:.2f}' for r in relative)}, median "
+            f"{statistics.median(relative):.2f}"
+        )
+
+
+def version_of(p: Phase) -> tuple[str, str]:
+    """A versions run's (case, commit) from its case label ``LABEL @ COMMIT, MODE``."""
+    label, _, rest = p.case.partition(" @ ")
+    commit, _, mode = rest.partition(", ")
+    return f"{label}, {mode}", commit
+
+
+def version_ratios(bench: Bench) -> list[tuple[str, str, str, list[float], list[float]]]:
+    """Per versions case and later commit: (case, commit, first commit, the rounds' service
+    CPU ratios later / first, the client's same ratios: a control for the machine)."""
+    by_case: dict[str, dict[str, list[Phase]]] = {}
+    for p in bench.phases:
+        if p.loop == "version":
+            case, commit = version_of(p)
+            by_case.setdefault(case, {}).setdefault(commit, []).append(p)
+    out = []
     for case, by_commit in by_case.items():
         first, *others = by_commit
         for commit in others:
             pairs = list(zip(by_commit[first], by_commit[commit], strict=False))
             ratios = [b.service_ms / a.service_ms for a, b in pairs]
             controls = [b.cpu_ms_per_task["client"] / a.cpu_ms_per_task["client"] for a, b in pairs]
-            relative = [r / c for r, c in zip(ratios, controls, strict=True)]
-            add(
-                f"- {case}: {commit} / {first}, service CPU per task, per round: "
-                f"{', '.join(f'{r:.2f}' for r in ratios)}; median "
-                f"**{statistics.median(ratios):.2f}**. The client's (its code the same for "
-                f"both: a control for the machine's speed): "
-                f"{', '.join(f'{c:.2f}' for c in controls)}; the service's ratio over the "
-                f"client's: {', '.join(f'{r:.2f}' for r in relative)}, median "
-                f"{statistics.median(relative):.2f}"
-            )
+            out.append((case, commit, first, ratios, controls))
+    return out
 
 
 def render_scale(bench: Bench, add: Callable[[str], None]) -> None:
