@@ -41,7 +41,9 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    ``--version-cases`` (default the split scripted fast case) for each commit's ``src/``,
    round-robin over the commits for ``--version-rounds`` rounds (every other round in
    reverse order), and the median ratio of each to the first (before/after figures from
-   one run).
+   one run). The rounds of the code under test (when it is a commit without changes in
+   ``src/``) count towards the goals too: a fast or standard-5 goal is judged on the
+   median of that case's windows in the run.
 
 ``--at-commit REV`` runs ponder from that commit's ``src/`` (a ``git archive`` in the run's
 temporary directory, put first on the ponder processes' PYTHONPATH) rather than from the
