@@ -2254,8 +2254,25 @@ async def amain(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_commits(args: argparse.Namespace) -> None:
+    """Each ``--versions`` and ``--at-commit`` commit is one of this checkout's: checked
+    before the run, not when the versions part comes (~10 min in)."""
+    versions = args.versions.split(",") if "versions" in args.only.split(",") else []
+    for rev in filter(None, [*versions, args.at_commit]):
+        found = subprocess.run(
+            ["git", "-C", str(ROOT), "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
+            capture_output=True,
+        )  # fmt: skip
+        if found.returncode != 0:
+            raise SystemExit(
+                f"{rev!r} is not a commit of this checkout (a shallow clone lacks old ones: "
+                "git fetch --unshallow); give --versions and --at-commit commits it has"
+            )
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = parse_args(argv)
+    check_commits(args)
     try:
         return asyncio.run(amain(args))
     except asyncio.CancelledError:
