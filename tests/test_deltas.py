@@ -125,6 +125,33 @@ async def test_a_sample_started_again_begins_at_offset_zero(store: TaskStore) ->
     assert rebuild(events, 0) == "new"
 
 
+async def test_nothing_is_written_until_followed_then_the_text_so_far_at_offset_zero(
+    store: TaskStore,
+) -> None:
+    task = await running_task(store)
+    publisher = DeltaPublisher(store, task.id, INTERVAL_S, followed=False)
+    first, second = publisher.writer(0), publisher.writer(1)
+    assert first is not None and second is not None
+    for word in ("Let", " me", " see"):
+        first(word)
+    second("Two")
+    await asyncio.sleep(INTERVAL_S * 2)  # flushes would be due by now
+    assert await deltas_of(store, task) == []
+    assert publisher.events_written == 0
+    publisher.end(1)  # an ended sample's text is the sample event's: not written
+    publisher.follow()
+    await publisher.idle()
+    events = await deltas_of(store, task)
+    assert [e.data for e in events] == [{"index": 0, "offset": 0, "text": "Let me see"}]
+    first(" it")  # followed now: written one interval after the first write
+    await asyncio.sleep(INTERVAL_S * 2)
+    publisher.end(0)
+    await publisher.idle()
+    events = await deltas_of(store, task)
+    assert [e.data["offset"] for e in events] == [0, len("Let me see")]
+    assert rebuild(events, 0) == "Let me see it"
+
+
 async def test_deltas_off(store: TaskStore) -> None:
     task = await running_task(store)
     assert DeltaPublisher(store, task.id, interval_s=0).writer(0) is None

@@ -22,6 +22,14 @@ appends them to the task's event log with :meth:`~ponder.store.base.TaskStore.ap
   or samples that end together would seem to end apart to the vote.)
 - **Best effort.** A failed write (store outage) is logged and dropped: the next delta
   places its text by offset, and the ``sample`` event has it all.
+- **Written while followed.** Deltas are for clients that follow the task's text (the
+  event stream with deltas: SSE, WebSocket, the OpenAI-compatible streaming APIs); most
+  tasks are polled or called back, and nobody reads their deltas. A client that starts
+  following a task posts a :attr:`~ponder.store.records.Notice.follow` notice (again every
+  :data:`FOLLOW_RENEW_S` while it follows); a worker writes the deltas of a task it heard
+  of in the last :data:`FOLLOW_TTL_S`. Until then the publisher keeps the pieces, and its
+  first write after the notice places each running sample's whole text so far at offset
+  0: a follower misses nothing, and a task nobody follows costs no delta writes.
 
 The write in progress is the publisher's one background task; its owner, the task run,
 awaits it with :meth:`~DeltaPublisher.idle` before each record write and when the run ends.
@@ -38,18 +46,30 @@ from ponder.errors import RecoverableError
 from ponder.store.base import TaskStore
 from ponder.types import EventName
 
-__all__ = ["DeltaPublisher"]
+__all__ = ["FOLLOW_RENEW_S", "FOLLOW_TTL_S", "DeltaPublisher"]
 
 log = logging.getLogger("ponder.worker")
 
+#: how often a client that follows a task's text posts its follow notice again
+FOLLOW_RENEW_S = 10.0
+#: how long a follow notice keeps a task followed (a few renewals: one may be late)
+FOLLOW_TTL_S = 3 * FOLLOW_RENEW_S
+
 
 class DeltaPublisher:
-    """Coalesces the running samples' text of one task into ``delta`` events."""
+    """Coalesces the running samples' text of one task into ``delta`` events.
 
-    def __init__(self, store: TaskStore, task_id: str, interval_s: float) -> None:
+    ``followed``: whether a client follows the task's text yet; until :meth:`follow`, the
+    pieces are kept and nothing is written.
+    """
+
+    def __init__(
+        self, store: TaskStore, task_id: str, interval_s: float, *, followed: bool = True
+    ) -> None:
         self.store = store
         self.task_id = task_id
         self.interval_s = interval_s
+        self.followed = followed
         #: unwritten pieces of each running sample
         self._pending: dict[int, list[str]] = {}
         #: characters of each running sample already handed to a write
@@ -78,6 +98,13 @@ class DeltaPublisher:
 
         return on_text
 
+    def follow(self) -> None:
+        """A client follows the task's text: write what is kept, and from now on."""
+        if not self.followed:
+            self.followed = True
+            if any(self._pending.values()):
+                self._schedule()
+
     def end(self, index: int) -> None:
         """Sample ``index`` ended: drop its unwritten text; later pieces are ignored."""
         self._pending.pop(index, None)
@@ -95,6 +122,8 @@ class DeltaPublisher:
 
     # --- flushing ---------------------------------------------------------------------
     def _schedule(self) -> None:
+        if not self.followed:
+            return  # kept for a follower (:meth:`follow`)
         if self._timer is not None or self._writing is not None:
             return  # a flush is due already (the end of a write schedules the next)
         loop = asyncio.get_running_loop()

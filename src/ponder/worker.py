@@ -21,7 +21,7 @@ from typing import Any, Protocol, TypeVar
 from ponder import metrics
 from ponder.aio import cancel_and_wait
 from ponder.config import Settings
-from ponder.deltas import DeltaPublisher
+from ponder.deltas import FOLLOW_TTL_S, DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import Strategy, create_strategy
 from ponder.errors import (
@@ -53,7 +53,7 @@ log = logging.getLogger("ponder.worker")
 
 _BACKOFF_MIN_S = 0.05
 _BACKOFF_MAX_S = 2.0
-#: longest blocking read of the cancel notices (a stop cancels it sooner)
+#: longest blocking read of the store's notices (a stop cancels it sooner)
 _NOTICE_BLOCK_MS = 5000
 #: compare-and-set retries of one task write when only webhook records changed under it
 _SAVE_RETRIES = 5
@@ -77,6 +77,8 @@ class _InFlight:
 
     claim: Claim
     job: asyncio.Task[None] | None = None
+    #: the run (made when the job starts) and its asyncio task
+    task_run: TaskRun | None = None
     run: asyncio.Task[bool] | None = None
     #: the client cancelled the task (the notice may come before the run has started)
     cancelled: bool = False
@@ -85,10 +87,11 @@ class _InFlight:
 class Worker:
     """Claims and runs tasks until stopped.
 
-    ``run()`` owns every background task it starts (claim loop, heartbeat, cancel watch,
-    one job per task) and awaits them all before returning. ``stop()`` stops claiming;
-    running tasks get ``shutdown_grace_s`` to finish, then are cancelled and their queue
-    entries released for another worker (their finished samples are kept).
+    ``run()`` owns every background task it starts (claim loop, heartbeat, the watches of
+    cancel and follow notices, one job per task) and awaits them all before returning.
+    ``stop()`` stops claiming; running tasks get ``shutdown_grace_s`` to finish, then are
+    cancelled and their queue entries released for another worker (their finished samples
+    are kept).
 
     Takeover: each claim call first takes over (:meth:`TaskStore.reclaim`, at most once a
     second) as many entries as the worker has free slots: every entry of a worker whose
@@ -122,6 +125,8 @@ class Worker:
         self._store_was_away = False
         #: the last takeover filled every free slot: there may be more to take at once
         self._more_to_take = False
+        #: tasks whose text a client follows: when the follow notice came (monotonic)
+        self._followed: dict[str, float] = {}
 
     # --- lifecycle --------------------------------------------------------------------
     def stop(self) -> None:
@@ -138,7 +143,13 @@ class Worker:
             return  # stopped while waiting for the store
         watchers = [
             asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"),
-            asyncio.create_task(self._cancel_loop(), name=f"{self.worker_id}-cancels"),
+            asyncio.create_task(
+                self._notice_loop(Notice.cancel, self._cancelled), name=f"{self.worker_id}-cancels"
+            ),
+            asyncio.create_task(
+                self._notice_loop(Notice.follow, self._followed_now),
+                name=f"{self.worker_id}-follows",
+            ),
         ]
         try:
             await self._claim_loop(burst=burst)
@@ -287,27 +298,45 @@ class Worker:
             else:
                 delay_s = self.settings.heartbeat_interval_s
 
-    async def _cancel_loop(self) -> None:
-        """Stop the runs of tasks the client cancels, told by the store's cancel notices
-        (no polling of the running tasks)."""
+    async def _notice_loop(self, topic: Notice, handle: Callable[[list[str]], None]) -> None:
+        """Hand the store's notices of ``topic`` to ``handle`` as they come (a blocking
+        read, no polling)."""
         cursor: str | None = None
         delay_s = _BACKOFF_MIN_S
         while True:
             try:
-                cursor, task_ids = await self.store.read_notices(
-                    Notice.cancel, cursor, _NOTICE_BLOCK_MS
-                )
+                cursor, task_ids = await self.store.read_notices(topic, cursor, _NOTICE_BLOCK_MS)
             except RecoverableError as e:  # the claim loop reports store outages
-                log.debug("cancel notices: %s", e)
+                log.debug("%s notices: %s", topic.value, e)
                 await asyncio.sleep(delay_s)
                 delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
                 continue
             delay_s = _BACKOFF_MIN_S
-            for flight in self._in_flight.values():
-                if flight.claim.task_id in task_ids:
-                    flight.cancelled = True
-                    if flight.run is not None:
-                        flight.run.cancel()
+            if task_ids:
+                handle(task_ids)
+
+    def _cancelled(self, task_ids: list[str]) -> None:
+        """Stop the runs of tasks the client cancelled."""
+        for flight in self._in_flight.values():
+            if flight.claim.task_id in task_ids:
+                flight.cancelled = True
+                if flight.run is not None:
+                    flight.run.cancel()
+
+    def _followed_now(self, task_ids: list[str]) -> None:
+        """A client follows these tasks' text: their runs here write their deltas, and so
+        do runs that start within :data:`~ponder.deltas.FOLLOW_TTL_S`."""
+        now = time.monotonic()
+        self._followed = {t: at for t, at in self._followed.items() if now - at < FOLLOW_TTL_S}
+        self._followed.update(dict.fromkeys(task_ids, now))
+        for flight in self._in_flight.values():
+            if flight.task_run is not None and flight.claim.task_id in task_ids:
+                flight.task_run.follow()
+
+    def is_followed(self, task_id: str) -> bool:
+        """Whether a client followed ``task_id``'s text within the last follow interval."""
+        at = self._followed.get(task_id)
+        return at is not None and time.monotonic() - at < FOLLOW_TTL_S
 
     # --- one task ---------------------------------------------------------------------
     async def _run_claim(self, flight: _InFlight) -> None:
@@ -320,7 +349,7 @@ class Worker:
         """
         claim = flight.claim
         finished = False
-        run = TaskRun(self, claim)
+        run = flight.task_run = TaskRun(self, claim)
         try:
             flight.run = asyncio.create_task(run.run(), name=f"run-{claim.task_id}")
             if flight.cancelled:
@@ -378,10 +407,17 @@ class TaskRun:
         #: events of the last sample boundary, written with the task's end (one write less)
         self._last_events: list[tuple[str, dict[str, Any]]] = []
         self._deltas = DeltaPublisher(
-            self.store, claim.task_id, self.settings.delta_interval_ms / 1000
+            self.store,
+            claim.task_id,
+            self.settings.delta_interval_ms / 1000,
+            followed=worker.is_followed(claim.task_id),
         )
         #: the queue entry was acked with the task's terminal write
         self.acked = False
+
+    def follow(self) -> None:
+        """A client follows the task's text: write its deltas (:mod:`ponder.deltas`)."""
+        self._deltas.follow()
 
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""

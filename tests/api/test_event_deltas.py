@@ -94,10 +94,40 @@ async def test_an_interval_of_deltas_only_is_idle_without_deltas(settings: Setti
     async with LiveServer(quick, workers=1) as live, httpx.AsyncClient(base_url=live.url) as c:
         body = {"prompt": "[[tokens: 60]]", "mode": "fast"}  # 1.2 s of deltas, then the end
         task = (await c.post("/v1/tasks", json=body)).json()
+        follower = asyncio.create_task(read_stream(c, task["id"]))  # has deltas written
         async with c.stream("GET", f"/v1/tasks/{task['id']}/events?deltas=false") as r:
             items = [item async for item in sse_events(r)]
         assert ": keep-alive" in items
         assert [i for i in items if not isinstance(i, str) and i[1] == "delta"] == []
+        assert sum(e[1] == "delta" for e in await follower) >= 5
+
+
+async def read_until(c: httpx.AsyncClient, task_id: str, name: str, data: Any = None) -> None:
+    """Follow the task's events without deltas (not a follower of its text) up to the
+    first ``name`` event (with ``data``, when given)."""
+    async with c.stream("GET", f"/v1/tasks/{task_id}/events?deltas=false") as r:
+        async for item in sse_events(r):
+            if not isinstance(item, str) and item[1] == name and data in (None, item[2]):
+                return
+    raise AssertionError(f"no {name} event in the events of {task_id}")
+
+
+async def test_deltas_are_written_while_someone_follows(slow: Any) -> None:
+    _, c = slow
+    body = {"prompt": "[[tokens: 40]]", "mode": "fast"}  # 0.8 s of text
+    alone = (await c.post("/v1/tasks", json=body)).json()
+    followed = (await c.post("/v1/tasks", json=body)).json()
+    await read_until(c, followed["id"], "status", {"status": "running"})
+    await asyncio.sleep(0.3)  # ~15 words written with nobody following
+    events = await read_stream(c, followed["id"])
+    check_deltas(events)
+    first = next(e[2] for e in events if e[1] == "delta")
+    assert first["offset"] == 0 and len(first["text"].split()) >= 8  # the text so far
+    assert len(texts_by_index(events)[0]) > len(first["text"])  # and the rest as it came
+    # followed without deltas to its end: no delta in its log
+    await read_until(c, alone["id"], "result")
+    replay = await read_stream(c, alone["id"])
+    assert replay[-1][1] == "result" and all(e[1] != "delta" for e in replay)
 
 
 async def test_websocket_carries_deltas_unless_asked_not_to(slow: Any) -> None:

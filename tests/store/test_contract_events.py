@@ -130,3 +130,21 @@ async def test_a_blocked_reader_wakes_on_a_notice(store: TaskStore) -> None:
     await advance(store, task, TaskStatus.cancelled)
     after, seen = await asyncio.wait_for(reader, 5)
     assert seen == [task.id] and after != cursor
+
+
+@pytest.mark.timeout(30)
+async def test_posted_notices_reach_readers_in_order(store: TaskStore) -> None:
+    cursor, _ = await store.read_notices(Notice.follow, None, 0)
+    cancels, _ = await store.read_notices(Notice.cancel, None, 0)
+    reader = asyncio.create_task(store.read_notices(Notice.follow, cursor, 10_000))
+    await asyncio.sleep(0.1)
+    assert not reader.done()
+    await store.post_notice(Notice.follow, "a")
+    after, seen = await asyncio.wait_for(reader, 5)
+    assert seen == ["a"]
+    await store.post_notice(Notice.follow, "b")
+    await store.post_notice(Notice.follow, "c")
+    _, seen = await store.read_notices(Notice.follow, after, 0)
+    assert seen == ["b", "c"]
+    # one topic's notices are not another's
+    assert await store.read_notices(Notice.cancel, cancels, 0) == (cancels, [])

@@ -11,7 +11,9 @@ carries a terminal status; connecting to a finished task replays its events and 
 Between those, ``delta`` events carry the text of running samples as it is generated
 (``{"index", "offset", "text"}``, at most ~10 per second per sample: see
 :mod:`ponder.deltas`); they are in the same log, so they resume like the others, and
-``?deltas=false`` leaves them out.
+``?deltas=false`` leaves them out. They are written while a client follows them: a stream
+with deltas posts a follow notice for its task (again every ``FOLLOW_RENEW_S``), and its
+first delta of each running sample holds that sample's text so far.
 
 Waiting is a blocking read of the log (``read_events(block_ms=…)``), never polling; when
 it times out the SSE stream sends a keep-alive comment. A stream holds at most one page
@@ -25,6 +27,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import re
 from collections.abc import AsyncIterator
 from typing import Annotated, Any, cast
@@ -38,9 +41,10 @@ from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
 from ponder.api.streaming import StreamResponse, event_stream
 from ponder.api.tasks import load_task
+from ponder.deltas import FOLLOW_RENEW_S
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_final, is_terminal
-from ponder.store.base import Event, TaskStore
+from ponder.store.base import Event, Notice, TaskStore
 from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
@@ -82,13 +86,21 @@ async def follow_event_batches(
     store: TaskStore, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
 ) -> AsyncIterator[list[Event]]:
     """:func:`follow_events` a read at a time: the events of one read of the log (those
-    written together come together), or ``[]`` for a keep-alive tick."""
+    written together come together), or ``[]`` for a keep-alive tick.
+
+    With ``deltas``, it tells the workers that the task's text is followed (a
+    :attr:`Notice.follow` after each read of an unfinished task, at most once per
+    :data:`FOLLOW_RENEW_S`): they write its ``delta`` events only then."""
     loop = asyncio.get_running_loop()
     idle_ms = max(1, int(idle_s * 1000))
     block_ms = 0  # the first read does not wait: a finished task's stream ends at once
     ended = False
     last_yield = loop.time()
+    followed_at = -math.inf
     while True:
+        if block_ms and deltas and loop.time() - followed_at >= FOLLOW_RENEW_S:
+            await store.post_notice(Notice.follow, task_id)
+            followed_at = loop.time()
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
         batch: list[Event] = []
         for event in events:

@@ -101,6 +101,9 @@ class Notice(StrEnum):
     cancel = "cancel"
     #: webhook deliveries were added to the outbox (delivery loops look for due ones)
     outbox = "outbox"
+    #: a client follows a task's text; the notice carries its id (workers write that
+    #: task's ``delta`` events: see :mod:`ponder.deltas`)
+    follow = "follow"
 
 
 @dataclass

@@ -166,6 +166,11 @@ class EventLog(ABC):
 
     # --- notices ----------------------------------------------------------------------
     @abstractmethod
+    async def post_notice(self, topic: Notice, value: str) -> None:
+        """Post ``value`` to the readers of ``topic`` (the notices the store does not post
+        itself with a state change: :attr:`Notice.follow`)."""
+
+    @abstractmethod
     async def read_notices(
         self, topic: Notice, after: str | None, block_ms: int
     ) -> tuple[str, list[str]]:

@@ -55,6 +55,11 @@ class RedisEventLog(RedisBase, EventLog):
             return bool(await self._append(keys=keys, args=args))
 
     # --- notices ----------------------------------------------------------------------
+    async def post_notice(self, topic: Notice, value: str) -> None:
+        key = self._notice_key(topic)
+        async with unavailable(self._timeout):
+            await self._lane.call("XADD", key, "MAXLEN", "~", 1000, "*", "v", value)
+
     async def read_notices(
         self, topic: Notice, after: str | None, block_ms: int
     ) -> tuple[str, list[str]]:

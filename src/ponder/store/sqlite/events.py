@@ -67,6 +67,9 @@ class SqliteEventLog(SqliteBase, EventLog):
         return True
 
     # --- notices ----------------------------------------------------------------------
+    async def post_notice(self, topic: Notice, value: str) -> None:
+        self._notices[topic].post(value)
+
     async def read_notices(
         self, topic: Notice, after: str | None, block_ms: int
     ) -> tuple[str, list[str]]:
