@@ -16,7 +16,8 @@ the tasks that finished ``done`` in it. The client's own CPU is reported beside 
    samples=5, early_stop=false``: all 5 run); on the scripted engine at 0 ms a step
    (``PONDER_SCRIPTED_STEP_MS=0,0``) and on the openai engine in front of a stand-in
    OpenAI-compatible server (a plain asyncio HTTP server in a subprocess: each request
-   answered after 0.2 s, at most ``--standin-slots`` at once); split (``ponder api`` + one
+   answered after 0.2 s, at most ``--standin-slots`` at once; streamed, one chunk per
+   token, when the request asks, as vLLM does); split (``ponder api`` + one
    ``ponder worker`` over the Redis) and embedded (``ponder serve``, SQLite). Client:
    ``--clients`` (16) asyncio tasks on one event loop in this process, one shared httpx
    client, each submitting a task and polling ``GET /v1/tasks/{id}`` every 50 ms until
@@ -1328,6 +1329,7 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
         clients=s.capacity_clients,
         standin_capacity_per_s=cluster.standin.capacity,
         standin_served=after["served"] - before["served"],
+        standin_streamed=after["streamed"] - before["streamed"],
         standin_peak=after["peak"],
         ratio_whole=phase.tasks_per_s / cluster.standin.capacity,
         ratio_steady=phase.steady_per_s / cluster.standin.capacity,
@@ -1596,7 +1598,8 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
         "OpenAI-compatible server (plain asyncio HTTP in its own process, every request "
         f"answered after {s.standin_delay_s:g} s, at most {s.standin_slots} at once: capacity "
         f"{bench.standin.capacity:.0f} requests/s; a task's 5 samples go as one request "
-        "with n=5). Every other setting is ponder's default "
+        "with n=5; a request that asks `stream: true` is answered as vLLM does, one "
+        "`chat.completion.chunk` per token and choice). Every other setting is ponder's default "
         "(`PONDER_LOG_LEVEL=WARNING`, no API keys)."
     )
     add("")
@@ -1742,8 +1745,9 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"Completed {cap.done} tasks in {cap.wall_s:.1f} s = {cap.tasks_per_s:.1f}/s "
             f"({e['ratio_whole']:.2f}x, ramp and tail included); between the 10th and 90th "
             f"percentile of completions {cap.steady_per_s:.1f}/s = **{e['ratio_steady']:.2f}x** "
-            f"the capacity. The stand-in served {e['standin_served']} requests, at most "
-            f"{e['standin_peak']} at once"
+            f"the capacity. The stand-in served {e['standin_served']} requests "
+            f"({e.get('standin_streamed', 0)} of them streamed: asked with `stream: true`), "
+            f"at most {e['standin_peak']} at once"
             + (
                 f" (for scale: the split openai fast closed loop above completed "
                 f"{of_rate:.1f} tasks/s with its 16 clients)"

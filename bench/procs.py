@@ -109,24 +109,45 @@ class Proc:
 # A stand-in OpenAI-compatible server, run as ``python -c STAND_IN PORT DELAY_S SLOTS``:
 # plain asyncio HTTP/1.1 (keep-alive, Content-Length bodies), so that its own CPU stays
 # small; every ``POST .../chat/completions`` is answered after DELAY_S seconds, at most SLOTS
-# at once (the others wait in line): capacity SLOTS / DELAY_S requests/s. ``GET /stats``:
-# requests in flight now, their peak, requests served and choices answered.
+# at once (the others wait in line): capacity SLOTS / DELAY_S requests/s. A body with
+# ``stream: true`` is answered as vLLM and OpenAI do: ``chat.completion.chunk`` events, one
+# per token and choice, a last one with the finish reason, the usage when
+# ``stream_options.include_usage`` asks, then ``data: [DONE]`` (sent together, after the
+# delay). ``GET /stats``: requests in flight now, their peak, requests served, requests
+# streamed and choices answered.
 STAND_IN = r"""
 import asyncio, json, sys
 port, delay, slots = int(sys.argv[1]), float(sys.argv[2]), int(sys.argv[3])
 gate = asyncio.Semaphore(slots)
-state = {"now": 0, "peak": 0, "served": 0, "choices": 0}
+state = {"now": 0, "peak": 0, "served": 0, "streamed": 0, "choices": 0}
+TOKENS = ["The", " answer", " is", " 4", "."]
 
 def answer(body):
     n = int(body.get("n") or 1)
     state["choices"] += n
-    return json.dumps({
-        "id": "chatcmpl-stand-in", "object": "chat.completion", "model": body.get("model"),
-        "choices": [{"index": i, "finish_reason": "stop",
-                     "message": {"role": "assistant", "content": "The answer is 4."}}
-                    for i in range(n)],
-        "usage": {"prompt_tokens": 10, "completion_tokens": 5 * n,
-                  "total_tokens": 10 + 5 * n}}).encode()
+    usage = {"prompt_tokens": 10, "completion_tokens": len(TOKENS) * n,
+             "total_tokens": 10 + len(TOKENS) * n}
+    head = {"id": "chatcmpl-stand-in", "model": body.get("model")}
+    if not body.get("stream"):
+        return b"application/json", json.dumps({
+            **head, "object": "chat.completion",
+            "choices": [{"index": i, "finish_reason": "stop",
+                         "message": {"role": "assistant", "content": "".join(TOKENS)}}
+                        for i in range(n)],
+            "usage": usage}).encode()
+    state["streamed"] += 1
+    head["object"] = "chat.completion.chunk"
+    def event(choices, **extra):
+        return "data: " + json.dumps({**head, "choices": choices, **extra}) + "\n\n"
+    events = [event([{"index": i, "delta": {"role": "assistant", "content": ""},
+                      "finish_reason": None} for i in range(n)])]
+    events += [event([{"index": i, "delta": {"content": t}, "finish_reason": None}])
+               for t in TOKENS for i in range(n)]
+    events.append(event([{"index": i, "delta": {}, "finish_reason": "stop"} for i in range(n)]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+        events.append(event([], usage=usage))
+    events.append("data: [DONE]\n\n")
+    return b"text/event-stream", "".join(events).encode()
 
 async def handle(reader, writer):
     try:
@@ -149,12 +170,13 @@ async def handle(reader, writer):
                     finally:
                         state["now"] -= 1
                     state["served"] += 1
-                payload, status = answer(json.loads(body)), b"200 OK"
+                (kind, payload), status = answer(json.loads(body)), b"200 OK"
             elif path == "/stats":
-                payload, status = json.dumps(state).encode(), b"200 OK"
+                kind, payload, status = b"application/json", json.dumps(state).encode(), b"200 OK"
             else:
-                payload, status = b'{"error": "not found"}', b"404 Not Found"
-            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: application/json\r\n"
+                kind, payload = b"application/json", b'{"error": "not found"}'
+                status = b"404 Not Found"
+            writer.write(b"HTTP/1.1 " + status + b"\r\ncontent-type: " + kind + b"\r\n"
                          b"content-length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
             await writer.drain()
     except (asyncio.IncompleteReadError, ConnectionError, asyncio.LimitOverrunError):

@@ -29,7 +29,10 @@ appends them to the task's event log with :meth:`~ponder.store.base.TaskStore.ap
   :data:`FOLLOW_RENEW_S` while it follows); a worker writes the deltas of a task it heard
   of in the last :data:`FOLLOW_TTL_S`. Until then the publisher keeps the pieces, and its
   first write after the notice places each running sample's whole text so far at offset
-  0: a follower misses nothing, and a task nobody follows costs no delta writes.
+  0: a follower misses nothing, and a task nobody follows costs no delta writes. (A
+  remote engine streams a row's text only when the task was followed at the row's start,
+  ``SampleRequest.stream``: a client that starts following during such a row gets its
+  text with its ``sample`` event, and the deltas of the rows that start after.)
 
 The write in progress is the publisher's one background task; its owner, the task run,
 awaits it with :meth:`~DeltaPublisher.idle` before each record write and when the run ends.

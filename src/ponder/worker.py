@@ -636,6 +636,7 @@ class TaskRun:
             task_id=task.id,
             timeout_s=task.sample_timeout_s,
             on_text=self._deltas.writer(sample.index),
+            stream=self._deltas.followed,
         )
         self._rows[sample.index] = request
         started = time.monotonic()

@@ -18,12 +18,14 @@ from typing import Any
 import pytest
 from fastapi import Request
 from fastapi.responses import StreamingResponse
+from openai import AsyncOpenAI
 
+from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.openai import OpenAIEngine
 from ponder.engines.openvino import OpenVINOEngine
 from ponder.errors import EngineError
-from tests.conftest import ThreadedServer
+from tests.conftest import LiveServer, ThreadedServer
 from tests.engines.test_openai import CAPITAL, HAIKU, CompatServer, make_engine
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(120)]
@@ -158,12 +160,17 @@ async def test_choices_of_one_request_reach_their_own_rows(
     assert len({out.text for out in outputs}) > 1
 
 
-async def test_rows_without_listeners_are_not_streamed(
+async def test_rows_without_listeners_or_followers_are_not_streamed(
     engine: OpenAIEngine, streaming_server: tuple[StreamingServer, str]
 ) -> None:
     output = await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4))
     assert output.completion_tokens == 4
     assert "stream" not in streaming_server[0].bodies[-1]
+    # a listener whose text nobody follows yet (the worker's, before a follow notice)
+    pieces: list[str] = []
+    row = SampleRequest(prompt=CAPITAL, max_new_tokens=4, on_text=pieces.append, stream=False)
+    assert (await engine.submit(row)).text == output.text
+    assert "stream" not in streaming_server[0].bodies[-1] and pieces == []
 
 
 async def test_a_stream_broken_after_its_first_piece_fails_the_row_without_a_retry(
@@ -208,3 +215,30 @@ async def test_a_server_that_ignores_stream_answers_plain_json_and_the_row_still
             await client.close()
     assert plain.bodies[-1]["stream"] is True
     assert output.completion_tokens == 4 and output.text and pieces == []
+
+
+async def test_the_service_streams_from_the_server_only_text_that_is_followed(
+    settings: Settings, streaming_server: tuple[StreamingServer, str]
+) -> None:
+    """Through ponder's API and worker: a streamed chat completion (its text followed from
+    before its task exists) is streamed from the server; the same request unstreamed is
+    asked for a plain answer (nobody reads its text before the end)."""
+    server, url = streaming_server
+    server.reset()
+    opts = {"engine": "openai", "openai_base_url": url, "openai_model": "smollm2"}
+    question = [{"role": "user", "content": HAIKU}]
+    async with (
+        LiveServer(settings.model_copy(update=opts), workers=1) as live,
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as sdk,
+    ):
+        stream = await sdk.chat.completions.create(
+            model="ponder-fast", messages=question, max_tokens=24, temperature=0, stream=True
+        )
+        pieces = [c.choices[0].delta.content async for c in stream if c.choices]
+        assert len([p for p in pieces if p]) > 2  # token by token
+        assert [body.get("stream") for body in server.bodies] == [True]
+        plain = await sdk.chat.completions.create(
+            model="ponder-fast", messages=question, max_tokens=24, temperature=0
+        )
+        assert plain.choices[0].message.content == "".join(p or "" for p in pieces)
+        assert [body.get("stream") for body in server.bodies] == [True, None]

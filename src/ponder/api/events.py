@@ -49,7 +49,14 @@ from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
 # that follow events
-__all__ = ["follow_event_batches", "follow_events", "format_sse", "is_final", "router"]
+__all__ = [
+    "follow_event_batches",
+    "follow_events",
+    "follow_text",
+    "format_sse",
+    "is_final",
+    "router",
+]
 
 log = logging.getLogger("ponder.api")
 
@@ -63,6 +70,14 @@ _WS_NORMAL, _WS_ERROR = 1000, 1011
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 422, 429, 503)
 }
+
+
+async def follow_text(store: TaskStore, task_id: str) -> None:
+    """Tell the workers that a client follows the task's text: they write its ``delta``
+    events (and stream it from a remote engine) from now on (:mod:`ponder.deltas`). A route
+    that will stream a task it is about to create says so first, so that its first sample
+    streams too."""
+    await store.post_notice(Notice.follow, task_id)
 
 
 async def follow_events(
@@ -89,8 +104,8 @@ async def follow_event_batches(
     written together come together), or ``[]`` for a keep-alive tick.
 
     With ``deltas``, it tells the workers that the task's text is followed (a
-    :attr:`Notice.follow` after each read of an unfinished task, at most once per
-    :data:`FOLLOW_RENEW_S`): they write its ``delta`` events only then."""
+    :func:`follow_text` before the first read, and again at most every
+    :data:`FOLLOW_RENEW_S` while the task runs): they write its ``delta`` events only then."""
     loop = asyncio.get_running_loop()
     idle_ms = max(1, int(idle_s * 1000))
     block_ms = 0  # the first read does not wait: a finished task's stream ends at once
@@ -98,8 +113,8 @@ async def follow_event_batches(
     last_yield = loop.time()
     followed_at = -math.inf
     while True:
-        if block_ms and deltas and loop.time() - followed_at >= FOLLOW_RENEW_S:
-            await store.post_notice(Notice.follow, task_id)
+        if deltas and not ended and loop.time() - followed_at >= FOLLOW_RENEW_S:
+            await follow_text(store, task_id)
             followed_at = loop.time()
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
         batch: list[Event] = []

@@ -48,7 +48,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 
 from ponder.api.deps import AppState, get_state
-from ponder.api.events import follow_events, is_final
+from ponder.api.events import follow_events, follow_text, is_final
 from ponder.api.openai_common import (
     abandon,
     caller,
@@ -207,7 +207,11 @@ async def chat_completions(request: Request) -> Response:
     state = get_state(request)
     owner = await caller(request)
     req, task_req = chat_body(await read_json(request), state.settings)
-    task, _ = await submit(state, task_req, owner, request.headers.get("idempotency-key"))
+    task_id = state.ids.new_id()
+    if req.stream:
+        await follow_text(state.store, task_id)
+    key = request.headers.get("idempotency-key")
+    task, _ = await submit(state, task_req, owner, key, task_id=task_id)
     if req.stream:
         return event_stream(_stream(state, task, req, owner))
     return await _answer(request, state, task, req, owner)

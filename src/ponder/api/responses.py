@@ -38,7 +38,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ponder import admission
 from ponder.api.deps import AppState, get_state
-from ponder.api.events import follow_events, is_final
+from ponder.api.events import follow_events, follow_text, is_final
 from ponder.api.openai_common import (
     abandon,
     caller,
@@ -148,6 +148,8 @@ async def create_response(request: Request) -> Response:
     req, meta, task_req = parse_response_body(body, state.settings, task_id)
     if req.webhook_url is not None and meta["webhook_url"] is not None:
         await check_webhook_url(req.webhook_url, state.settings, "webhook_url")
+    if req.stream:
+        await follow_text(state.store, task_id)
     task, created = await submit(
         state, task_req, owner, request.headers.get("idempotency-key"), task_id=task_id
     )

@@ -27,7 +27,9 @@ that row's :class:`SampleOutput`. A row never waits for another row to end:
 - **Streaming.** When ``request.on_text`` is set, it is called on the submitting event
   loop with each new piece of the row's text while the row runs (the pieces joined are
   the text generated so far; the final ``SampleOutput.text`` is authoritative: stop
-  strings are cut from it).
+  strings are cut from it). A local engine has the pieces anyway; a remote one asks its
+  server to stream only when ``request.stream`` says the text is followed (parsing a
+  streamed answer costs per token).
 
 Engines are async: a model that computes on the CPU/GPU does so in a thread of its own
 or another process, so that the event loop is never blocked.
@@ -73,6 +75,9 @@ class SampleRequest:
     timeout_s: float | None = None
     #: called on the submitting event loop with each new piece of text (see the module doc)
     on_text: Callable[[str], object] | None = field(default=None, repr=False)
+    #: someone follows the text now: an engine that must ask for a streamed answer to feed
+    #: ``on_text`` (the openai engine) does so only then
+    stream: bool = True
     #: set once, under ``_lock``, by :meth:`cancel` (a plain flag: a ``threading.Event``
     #: per row cost more to make than the rest of the request; nothing waits on it)
     _cancelled: bool = field(default=False, init=False, repr=False)

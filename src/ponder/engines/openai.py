@@ -23,10 +23,12 @@ refuses the credentials: the engine is dead (EngineDeadError) until restarted wi
 any other failure is that row's EngineError. Log-probabilities are requested, and their
 mean is reported when the server returns them.
 
-**Streaming.** When a row has ``on_text`` (the worker's delta events), its request asks for
-``stream: true`` (with ``stream_options.include_usage``) and each chunk's text is handed
-to the ``on_text`` of the row its choice index belongs to, as it arrives; the pieces are
-also assembled into the same answer a plain request gets. A stream that breaks after its
+**Streaming.** When a row has ``on_text`` and ``stream`` (the worker's delta events, while a
+client follows the task's text), its request asks for ``stream: true`` (with
+``stream_options.include_usage``) and each chunk's text is handed to the ``on_text`` of
+the row its choice index belongs to, as it arrives; the pieces are also assembled into the
+same answer a plain request gets. Otherwise the answer comes plain: a streamed one costs
+the worker a chunk to parse per token, for text nobody reads. A stream that breaks after its
 200 answer is that request's EngineError (not retried: the text already delivered would
 be delivered twice).
 
@@ -312,7 +314,7 @@ class OpenAIEngine(BaseEngine):
         if first.seed is not None:
             # one seed for the request: with n > 1 the server draws the n samples from it
             body["seed"] = first.seed
-        listeners = [row.on_text for row in rows]
+        listeners = [row.on_text if row.stream else None for row in rows]
         if any(listeners):
             body["stream"] = True
             body["stream_options"] = {"include_usage": True}
