@@ -134,6 +134,9 @@ class RedisBase(Lifecycle):
         self._rb = Redis.from_url(settings.redis_url, socket_timeout=None, **common)
         # the hot calls (every script, task reads) go over one pipelined connection
         self._lane = Lane(self._r.connection_pool, stale_s=self._timeout)
+        # each consumer's blocking claim reads over a connection of its own (one read at a
+        # time: nothing waits behind it), without the pool's cost per call
+        self._claim_lanes: dict[str, Lane] = {}
         script = self._lane.script
         # tasks, queues, events
         self._create = script(lua.CREATE)
@@ -231,7 +234,16 @@ class RedisBase(Lifecycle):
                 raise
         return await call()
 
+    def _claim_lane(self, consumer: str) -> Lane:
+        lane = self._claim_lanes.get(consumer)
+        if lane is None:
+            lane = Lane(self._rb.connection_pool, stale_s=self._timeout)
+            self._claim_lanes[consumer] = lane
+        return lane
+
     async def close(self) -> None:
+        for lane in self._claim_lanes.values():
+            await lane.close()
         await self._lane.close()
         await self._r.aclose()
         await self._rb.aclose()

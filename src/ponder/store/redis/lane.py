@@ -9,8 +9,9 @@ a development measurement). The connection is made and set up by redis-py (the U
 or socket, TLS, password, database, in RESP2); the lane only takes over its reader and
 writer.
 
-Only for commands that answer at once: a blocking read would hold up every call behind
-it. Blocking reads, pipelines and the rarer calls stay on redis-py's pools.
+Shared, only for commands that answer at once: a blocking read would hold up every call
+behind it. A lane of its own serves one caller's blocking reads (a worker's claims, one at
+a time). Other blocking reads, pipelines and the rarer calls stay on redis-py's pools.
 """
 
 from __future__ import annotations

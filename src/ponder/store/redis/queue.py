@@ -35,25 +35,23 @@ class RedisWorkQueue(RedisBase, WorkQueue):
             return Claim(hit[2], priorities[hit[0] - 1], hit[1], hit[3] or None)
         if block_ms <= 0:  # BLOCK 0 would wait forever
             return None
+        read = ("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 1, "BLOCK", block_ms)
+        lane = self._claim_lane(consumer)
         async with unavailable(self._blocking(block_ms)):
             try:
                 reply: Any = await self._grouped(
-                    lambda: self._rb.xreadgroup(
-                        GROUP, consumer, dict.fromkeys(keys, ">"), count=1, block=block_ms
-                    ),
-                    again=False,
+                    lambda: lane.call(*read, "STREAMS", *keys, *[">"] * len(keys)), again=False
                 )
             except rexc.ResponseError as e:
                 if not str(e).startswith(GROUP_LOST):
                     raise
                 return None  # the groups are back: the next claim reads them
-        got = {
-            keys.index(key): Claim(
-                fields["task"], priorities[keys.index(key)], entry_id, fields.get("data")
-            )
-            for key, entries in reply
-            for entry_id, fields in entries
-        }
+        got: dict[int, Claim] = {}
+        for key, entries in reply or ():
+            for entry_id, flat in entries:
+                fields = dict(zip(flat[::2], flat[1::2], strict=True))
+                level = keys.index(key)
+                got[level] = Claim(fields["task"], priorities[level], entry_id, fields.get("data"))
         if not got:
             return None
         first, *rest = (got[i] for i in sorted(got))
