@@ -1770,7 +1770,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
             f"({e['ratio_whole']:.2f}x, ramp and tail included); between the 10th and 90th "
             f"percentile of completions {cap.steady_per_s:.1f}/s = **{e['ratio_steady']:.2f}x** "
             f"the capacity. The stand-in served {e['standin_served']} requests "
-            f"({e.get('standin_streamed', 0)} of them streamed: asked with `stream: true`), "
+            f"({e['standin_streamed']} of them streamed: asked with `stream: true`), "
             f"at most {e['standin_peak']} at once"
             + (
                 f" (for scale: the split openai fast closed loop above completed "

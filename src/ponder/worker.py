@@ -77,7 +77,7 @@ class _InFlight:
 
     claim: Claim
     job: asyncio.Task[None] | None = None
-    #: the run (made when the job starts) and its asyncio task
+    #: the run, made when the job starts (a follow notice reaches it here)
     task_run: TaskRun | None = None
     run: asyncio.Task[bool] | None = None
     #: the client cancelled the task (the notice may come before the run has started)
@@ -334,7 +334,8 @@ class Worker:
                 flight.task_run.follow()
 
     def is_followed(self, task_id: str) -> bool:
-        """Whether a client followed ``task_id``'s text within the last follow interval."""
+        """Whether a client followed ``task_id``'s text within the last
+        :data:`~ponder.deltas.FOLLOW_TTL_S`."""
         at = self._followed.get(task_id)
         return at is not None and time.monotonic() - at < FOLLOW_TTL_S
 
