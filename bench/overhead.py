@@ -1499,13 +1499,18 @@ def cost(windows: list[Phase]) -> float:
     return statistics.median(p.service_ms for p in windows)
 
 
+def arq_around(bench: Bench) -> list[dict[str, Any]]:
+    """arq's runs right before and right after ponder's split scripted fast case."""
+    return [a for a in bench.arq if a["label"] in ("before", "after")]
+
+
 def arq_pairs(bench: Bench) -> list[tuple[float, float]]:
     """(ponder's split scripted fast service ms, arq's no-op job total ms) of each
     interleaved pair: the case's own window against the mean of arq's runs right before
     and after it, then each versions round's window of the code under test against the
     arq run right after it."""
     sf = find(bench, "split", "scripted", "fast", "closed")
-    around = [a["total_ms"] for a in bench.arq if a["label"] in ("before", "after")]
+    around = [a["total_ms"] for a in arq_around(bench)]
     pairs = [(sf.service_ms, statistics.mean(around))] if sf and around else []
     return pairs + [(a["ponder_ms"], a["total_ms"]) for a in bench.arq if "ponder_ms" in a]
 
@@ -1741,8 +1746,7 @@ def render(bench: Bench, meta: dict[str, Any], png: Path | None) -> str:
         for g in rows:
             add(f"| {g['goal']} | {g['measured']} | {verdict(g['met'])} |")
     sf = find(bench, "split", "scripted", "fast", "closed")
-    around = [a for a in bench.arq if a["label"] in ("before", "after")]
-    if sf and around:
+    if sf and (around := arq_around(bench)):
         arq_service = statistics.mean(a["service_ms"] for a in around)
         arq_total = statistics.mean(a["total_ms"] for a in around)
         add("")

@@ -129,14 +129,15 @@ async def test_nothing_is_written_until_followed_then_the_text_so_far_at_offset_
     store: TaskStore,
 ) -> None:
     task = await running_task(store)
+    last = (await store.read_events(task.id, None))[-1].id
     publisher = DeltaPublisher(store, task.id, INTERVAL_S, followed=False)
     first, second = publisher.writer(0), publisher.writer(1)
     assert first is not None and second is not None
     for word in ("Let", " me", " see"):
         first(word)
     second("Two")
-    await asyncio.sleep(INTERVAL_S * 2)  # flushes would be due by now
-    assert await deltas_of(store, task) == []
+    # two intervals, in which flushes would be due: nothing comes
+    assert await store.read_events(task.id, last, block_ms=int(INTERVAL_S * 2000)) == []
     assert publisher.events_written == 0
     publisher.end(1)  # an ended sample's text is the sample event's: not written
     publisher.follow()
@@ -144,7 +145,7 @@ async def test_nothing_is_written_until_followed_then_the_text_so_far_at_offset_
     events = await deltas_of(store, task)
     assert [e.data for e in events] == [{"index": 0, "offset": 0, "text": "Let me see"}]
     first(" it")  # followed now: written one interval after the first write
-    await asyncio.sleep(INTERVAL_S * 2)
+    assert len(await store.read_events(task.id, events[-1].id, block_ms=5000)) == 1
     publisher.end(0)
     await publisher.idle()
     events = await deltas_of(store, task)

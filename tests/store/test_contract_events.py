@@ -137,8 +137,8 @@ async def test_posted_notices_reach_readers_in_order(store: TaskStore) -> None:
     cursor, _ = await store.read_notices(Notice.follow, None, 0)
     cancels, _ = await store.read_notices(Notice.cancel, None, 0)
     reader = asyncio.create_task(store.read_notices(Notice.follow, cursor, 10_000))
-    await asyncio.sleep(0.1)
-    assert not reader.done()
+    with pytest.raises(TimeoutError):  # waiting, not returning early
+        await asyncio.wait_for(asyncio.shield(reader), 0.1)
     await store.post_notice(Notice.follow, "a")
     after, seen = await asyncio.wait_for(reader, 5)
     assert seen == ["a"]

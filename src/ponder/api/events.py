@@ -104,8 +104,8 @@ async def follow_event_batches(
     written together come together), or ``[]`` for a keep-alive tick.
 
     With ``deltas``, it tells the workers that the task's text is followed (a
-    :func:`follow_text` before the first read, and again at most every
-    :data:`FOLLOW_RENEW_S` while the task runs): they write its ``delta`` events only then."""
+    :func:`follow_text` once its first read shows the task unfinished, and again at most
+    every :data:`FOLLOW_RENEW_S` while it runs): they write its ``delta`` events only then."""
     loop = asyncio.get_running_loop()
     idle_ms = max(1, int(idle_s * 1000))
     block_ms = 0  # the first read does not wait: a finished task's stream ends at once
@@ -113,7 +113,8 @@ async def follow_event_batches(
     last_yield = loop.time()
     followed_at = -math.inf
     while True:
-        if deltas and not ended and loop.time() - followed_at >= FOLLOW_RENEW_S:
+        # before each wait (the task has not ended): a replay of a finished task posts none
+        if deltas and block_ms and loop.time() - followed_at >= FOLLOW_RENEW_S:
             await follow_text(store, task_id)
             followed_at = loop.time()
         events = await store.read_events(task_id, after, block_ms=block_ms, limit=_PAGE)
