@@ -10,8 +10,9 @@ resolve a task type (``auto`` included) and delegate to its answer type:
    display string ("12", "B", a code block, "Paris"), or None when none is stated.
 2. :func:`canonical_key` maps an answer to a cheap canonical string; equal keys are the
    same answer.
-3. :func:`same_answer` decides what keys cannot (math through math-verify, text by
-   entailment of the short answers).
+3. :func:`same_answer` decides whether two answers (None: no answer) fall in one group
+   of :func:`group_answers`; the types decide what keys cannot (math through
+   math-verify, text by entailment of the short answers).
 4. :func:`group_answers` partitions answers into the connected components of "same
    key or same answer": the groups do not depend on the order of the answers.
 """
@@ -112,9 +113,10 @@ def canonical_key(answer: str, task_type: TaskType | str) -> str:
     return answer_type(task_type, [answer]).key(answer)
 
 
-def same_answer(a: str, b: str, task_type: TaskType | str) -> bool:
-    """Whether two extracted answers are the same answer (symmetric; reflexive)."""
-    return answer_type(task_type, [a, b]).same(a, b)
+def same_answer(a: str | None, b: str | None, task_type: TaskType | str) -> bool:
+    """Whether two answers are the same answer: whether :func:`group_answers` puts them in
+    one group (symmetric; reflexive on answers; None, no answer, is never the same)."""
+    return group_answers([a, b], task_type) == [[0, 1]]
 
 
 def reasoning_signals(text: str, answer: str | None, task_type: TaskType | str) -> float:
