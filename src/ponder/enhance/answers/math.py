@@ -3,8 +3,10 @@
 Extraction, in order: the last ``\\boxed{}``; the last ``####``; the last "the answer
 is …"/"Answer: …" that states something mathy; else the last *stated result* — a number
 that is not an operand of an arithmetic expression ("2 + 2 is 4, which is the answer to
-the equation 2 + 2" gives 4, not 2; "= 8", "leaving 3", "there are 1,500"). A text whose
-numbers are all operands ("To find 3 + 5, add them together.") states no answer: None.
+the equation 2 + 2" gives 4, not 2; "= 8", "leaving 3", "there are 1,500"), nor a
+quantity referred back to ("so 42 remain, out of the 60 we started with" gives 42). A
+text whose numbers are all operands ("To find 3 + 5, add them together.") states no
+answer: None.
 
 Choices (also stated in the tests):
 
@@ -73,6 +75,13 @@ _RESULT_TAIL = (
 _RESULT_BEFORE = re.compile(
     r"(?:=|\b(?:is|are|was|were|be|equals?|gives?|gave|makes?|made|leaves|leaving|left\s+with|"
     r"total(?:\s+of)?|results?\s+in|comes?\s+to))" + _RESULT_TAIL,
+    re.IGNORECASE,
+)
+#: a number referred back to, not a result: "out of the 60", "of all 60", "from 60", "than 5",
+#: "started with 60" ("…so 42 remain, out of the 60 we started with" states 42)
+_REFERENCE_BEFORE = re.compile(
+    r"\b(?:out\s+of|of\s+(?:the|all|those|these)|from|than|(?:start|started|began)\s+with)"
+    r"(?:\s+(?:the|all|those|these))?\s*\$?\s*$",
     re.IGNORECASE,
 )
 #: a number that enumerates: a list marker ("1. ", "2) ") or a step ("Step 3")
@@ -192,7 +201,8 @@ def stated_results(text: str, asked: frozenset[str] = frozenset()) -> list[str]:
     enumerations (a list marker "1. ", "Step 3") are not results. A number after a result
     verb ("= 8", "is 4", "gives us 3") or alone on its line is one; any other number is
     one unless it is among ``asked``, the numbers of the question ("To add 3 and 2, …",
-    "Sophia has 32" restate the question, they answer nothing).
+    "Sophia has 32" restate the question, they answer nothing), or a quantity referred
+    back to ("out of the 60", "from 60", "than 5", "started with 60").
     """
     out = []
     for m in _NUMBER.finditer(text):
@@ -205,7 +215,7 @@ def stated_results(text: str, asked: frozenset[str] = frozenset()) -> list[str]:
         strong = bool(_RESULT_BEFORE.search(before) or alone)
         if _OPERAND_BEFORE.search(before) and not re.search(r"=\s*\(?\s*\$?$", before):
             continue
-        if not strong and _math_key_of(m[0]) in asked:
+        if not strong and (_math_key_of(m[0]) in asked or _REFERENCE_BEFORE.search(before)):
             continue
         out.append(m[0])
     return out
