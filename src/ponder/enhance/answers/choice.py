@@ -4,8 +4,10 @@ A prompt is multiple choice when it lists options with consecutive letters from 
 their own lines or inline: ``A) … B) …``, ``A. … B. …``, ``(A) … (B) …``. A reply is
 reduced to the letter it states (``\\boxed{B}``, "The answer is (B)", "answer: b", a line
 that is only a letter, "(B)", "B)"), or else to the letter of the option whose text it
-states ("The answer is Mars." → ``B`` when option B is Mars). A reply that only copies
-two or more options out ("A) 8\nB) 16") chooses none: None.
+states ("The answer is Mars." → ``B`` when option B is Mars). A reply that copies the
+options out chooses what it states after them ("Options: A) 3 B) 5 C) 7. The right one is
+C) 7" → ``C``), else what it stated before them, else none: None. An answer that starts
+with an option marker keys as its letter ("b) 12" ≡ ``B``).
 """
 
 from __future__ import annotations
@@ -47,15 +49,16 @@ _ALONE = re.compile(rf"^[ \t*(\[]*([{_LETTERS}])[ \t*)\].:]*$", re.MULTILINE)
 _LISTED = re.compile(rf"^[ \t*]*\(?([{_LETTERS}])[).:]", re.MULTILINE)
 #: an option marker in a prompt: "(A) ", "A) ", "A. ", "A: " at a line start or after a space
 _MARK = re.compile(rf"(?:^|(?<=\s))(?:\(([{_LETTERS}])\)|([{_LETTERS}])[).:])[ \t]+(?=\S)", re.M)
+#: where an option's text ends in a reply that copies the options out: its sentence or line
+_OPTION_END = re.compile(r"[.!?](?=\s)|\n")
+#: an answer that starts with an option marker, in either case ("b) 12", "(c) 7", "D. 4")
+_MARKED = re.compile(rf"^\s*[(\[]?([{_LETTERS}a-j])[)\].:](?:\s|$)")
 
 
-def parse_options(prompt: str) -> dict[str, str]:
-    """The options of a multiple-choice prompt, letter → text; empty when there are none.
-
-    The options are the last run of markers with consecutive letters from A (at least
-    A and B); each option's text runs to the next marker or the end of its line.
-    """
-    marks = [(m.start(), m.end(), m[1] or m[2]) for m in _MARK.finditer(prompt[-TAIL_CHARS:])]
+def _option_run(text: str) -> list[tuple[int, int, str]]:
+    """(start, end, letter) of each marker of the last longest run of markers with
+    consecutive letters from A (at least A and B); empty when there is none."""
+    marks = [(m.start(), m.end(), m[1] or m[2]) for m in _MARK.finditer(text)]
     best: list[tuple[int, int, str]] = []
     run: list[tuple[int, int, str]] = []
     for mark in marks:
@@ -67,9 +70,17 @@ def parse_options(prompt: str) -> dict[str, str]:
             continue
         if len(run) >= 2 and len(run) >= len(best):
             best = list(run)
-    if len(best) < 2:
-        return {}
+    return best
+
+
+def parse_options(prompt: str) -> dict[str, str]:
+    """The options of a multiple-choice prompt, letter → text; empty when there are none.
+
+    The options are the last run of markers with consecutive letters from A (at least
+    A and B); each option's text runs to the next marker or the end of its line.
+    """
     text = prompt[-TAIL_CHARS:]
+    best = _option_run(text)
     options = {}
     for i, (_start, end, letter) in enumerate(best):
         stop = best[i + 1][0] if i + 1 < len(best) else len(text)
@@ -127,6 +138,13 @@ class ChoiceAnswer(AnswerType):
 
     def extract(self, text: str, question: Question) -> str | None:
         text = text[-TAIL_CHARS:]
+        run = _option_run(text)
+        if run:
+            # the options copied out ("A) 3 B) 5 C) 7."): the choice is what follows them
+            end = _OPTION_END.search(text, run[-1][1])
+            after = self.extract(text[end.end() :], question) if end else None
+            if after is not None:
+                return after
         stated = _letter(text)
         if question.options:
             # "The answer is Mars": the option text after the last anchor, if that anchor
@@ -137,7 +155,7 @@ class ChoiceAnswer(AnswerType):
                     return letter
         if stated is not None:
             return stated[1]
-        if len(set(_LISTED.findall(text))) >= 2:
+        if run or len(set(_LISTED.findall(text))) >= 2:
             return None  # the options copied out ("A) 8", "B) 16", …): no answer chosen
         letter = _fallback_letter(text)
         if letter is not None or not question.options:
@@ -149,6 +167,9 @@ class ChoiceAnswer(AnswerType):
         bare = answer.strip().strip("()[]*.: \t")
         if len(bare) == 1 and bare.upper() in "ABCDEFGHIJ":
             return bare.upper()
+        marked = _MARKED.match(answer)
+        if marked:
+            return marked[1].upper()  # "b) 12": the letter, with its option's text
         stated = _letter(answer)
         return stated[1] if stated else (_fallback_letter(answer) or normalise_text(answer))
 
