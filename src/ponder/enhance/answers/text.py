@@ -4,18 +4,25 @@ A reply states its answer in its "the answer is …" statements (the last one th
 something; one inside quotes does not count) — a reply with such a statement answers
 nothing else. Without one, a concluding "So/Therefore/Thus …" sentence (the last first),
 else its first sentence states it; list markers ("1. Pink: …" is ``Pink``) and a sentence
-that ends in ":" ("Here are some colours:") are not it. The statement is reduced to a
-short answer (an entity, yes/no, a relation word):
+that ends in ":" ("Here are some colours:") are not it. A sentence cut off at the end of
+the reply (no closing punctuation) states nothing unless what it gives is a bare answer of
+at most three words that neither opens a reasoning step ("To determine if 91") nor is left
+open ("son of"). A yes/no question ("Is 91 prime?": an auxiliary verb, no alternatives)
+is answered ``Yes``, ``No`` or None: the first statement, else the last sentence, that
+opens with yes or no or has it open a clause ("…, so no, it is not"). The statement is
+reduced to a short answer (an entity, yes/no, a relation word):
 
-* a quoted answer is the quote ('The answer is "Sarah" to …' → ``Sarah``); fillers go
-  ("indeed", "simply"); only the first clause counts ("Kai, which is …" → ``Kai``,
-  "a sibling of Rain, not a parent" → ``sibling``, "a boy who …" → ``boy``);
+* a quoted answer is the quote ('The answer is "Sarah" to …' → ``Sarah``); fillers and
+  a leading source phrase go ("indeed", "simply", "From the tree, …"); only the first
+  clause counts ("Kai, which is …" → ``Kai``, "a sibling of Rain, not a parent" →
+  ``sibling``, "a boy who …" → ``boy``);
 * a reply that abstains ("I am not sure", "cannot be determined") or is negated ("not a
   person") states nothing: None; one that starts with yes or no is that word ("No, 7 is
   not prime" → ``No``);
 * "X is Y" keeps the side that restates less of the question once both are reduced
   ("The capital of France is Paris" → ``Paris``, "Aria is the mother of David" →
-  ``mother``); outside an "answer is" statement, one about nothing the question asks
+  ``mother``; without the question the predicate, less its possessor: "Maria is Paul's
+  aunt" → ``aunt``); outside an "answer is" statement, one about nothing the question asks
   about states nothing ("Dave is married to Owen" for "What is Nova to Ryder?");
 * leading articles, a possessor and a trailing "of/to …" that only name what the prompt
   names are dropped ("Elizabeth's daughter-in-law" → ``daughter-in-law``, "married to
@@ -23,14 +30,17 @@ short answer (an entity, yes/no, a relation word):
 * a short answer of two or more words, all of them the asking sentence's own, answers
   nothing: None ("Liam to Susan" for "What is Liam to Susan?").
 
-Two short answers are the same when their normalised forms are equal, when one's words
-are all in the other and the other's first word is one of them ("Paris" ≡ "Paris,
-France", but "France" ≢ "Paris, France"), when they are spelt apart ("mother in law" ≡
-"mother-in-law"), or when phrasings of at least four words each are at least
-:data:`TEXT_SIMILARITY_THRESHOLD` similar (difflib) — never when only one of them is
-negated or they differ in yes/no. Hyphenated words are one word ("mother" ≢
-"mother-in-law"). That follows the family-relationships scorer, which accepts one word
-in any case and no synonym: "wife" ≢ "spouse", and no two of its relation words are one.
+Two short answers are the same when their normalised forms are equal; when one is
+contained in the other: its words all in the other, or in what the other's "X is Y"
+states (Y), and that starts with one of them ("Paris" ≡ "Paris, France", "K2" ≡ "The
+tallest mountain is K2", but "France" ≢ "Paris, France"), for an answer with a content
+word that is a number or longer than one letter (never "a", "x", "is", "the"); when they
+are spelt apart ("mother in law" ≡ "mother-in-law"); or when phrasings of at least four
+words each are at least :data:`TEXT_SIMILARITY_THRESHOLD` similar (difflib) — never when
+only one of them is negated or they differ in yes/no. Hyphenated words are one word
+("mother" ≢ "mother-in-law"). That follows the family-relationships scorer, which
+accepts one word in any case and no synonym: "wife" ≢ "spouse", and no two of its
+relation words are one.
 """
 
 from __future__ import annotations
@@ -91,6 +101,31 @@ _ABSTAINS = re.compile(
 _POSSESSIVE = re.compile(r"^([\w-]+)(?:'s|\u2019s|')\s+(?=\S)", re.IGNORECASE)
 _TRAILING_OF = re.compile(r"\s(?:of|to|for)\s+(.+)$", re.IGNORECASE)
 _ARTICLE = re.compile(r"^(?:the|a|an)\s+", re.IGNORECASE)
+#: a leading phrase that says where the answer comes from: "From the tree, …"
+_PREAMBLE = re.compile(
+    r"^(?:from|based\s+on|according\s+to|given|looking\s+at|in|considering|using)\b"
+    r"[^,;:.!?]{0,60},\s*(?=\S)",
+    re.IGNORECASE,
+)
+#: a question answered yes or no: a sentence ending in "?" that starts with an auxiliary
+#: verb and offers no alternatives ("Is 91 prime?", "Is it prime or not?"; not "Is it red
+#: or blue?")
+_POLAR_QUESTION = re.compile(
+    r"(?:^|(?<=[.!?:\n])\s*)(?:is|are|was|were|do|does|did|can|could|will|would|should|has|"
+    r"have|had|may|might|must)\s(?:(?!\bor\s+(?!not\b))[^.!?\n])*\?",
+    re.IGNORECASE,
+)
+#: yes or no opening a sentence ("No, 91 = 7 * 13"), or a clause ("…, so no, it is not")
+_POLAR = re.compile(
+    r"^\W*(yes|no)\b|[,;:]\s*(?:(?:so|thus|therefore|hence|then)\s+)?(yes|no)(?=\s*(?:[,.!;:]|$))",
+    re.IGNORECASE,
+)
+#: how a reply ends when it was not cut off: closing punctuation, maybe quoted or marked up
+_FINISHED = re.compile(r"[.!?][\"'\u201d)\]*`]*\s*$")
+#: words that open a reasoning step, not an answer ("To determine if 91", "Let's see")
+_OPENERS = frozenset(
+    ["to", "if", "since", "because", "when", "while", "let", "lets", "first", "we", "i"]
+)
 
 
 def text_words(s: str) -> list[str]:
@@ -159,7 +194,7 @@ def _drop_question_words(answer: str, question: Question) -> str:
 def _reduce(statement: str, question: Question, anchored: bool) -> str | None:
     """The short answer one statement gives (see the module docstring), or None."""
     s = " ".join(statement.split()).strip().strip("*`").strip()
-    s = _FILLER.sub("", s)
+    s = _PREAMBLE.sub("", _FILLER.sub("", s), count=1)
     quoted = _QUOTED.match(s)
     if quoted:
         s = quoted[1]
@@ -185,17 +220,37 @@ def _reduce(statement: str, question: Question, anchored: bool) -> str | None:
         subject, predicate = (_drop_question_words(p, question) for p in parts)
         keep_subject = _restates(subject, question.asked) < _restates(predicate, question.asked)
         s = parts[0] if keep_subject else parts[1]
+        if not question.words and not keep_subject:
+            s = _POSSESSIVE.sub("", _ARTICLE.sub("", s.strip()))  # "X is Y's Z": Z
     if question.asked and len(_content(text_words(s))) >= 2 and _restates(s, question.asked) == 1:
         return None  # "Liam to Susan" for "What is Liam to Susan?": no answer
     return _drop_question_words(s, question).strip(" ,;:") or None
+
+
+def _is_fragment(answer: str) -> bool:
+    """Whether the answer a sentence cut off at the end of a reply gives is a fragment:
+    more than three words, a reasoning step's opening ("To determine if 91"), or a phrase
+    left open ("son of")."""
+    words = text_words(answer)
+    return len(words) > 3 or (bool(words) and (words[0] in _OPENERS or words[-1] in _STOP))
 
 
 def short_answer(text: str, question: Question) -> tuple[str | None, bool]:
     """The short answer a reply states (see the module docstring) and whether it was
     anchored by "the answer is"; ``(None, False)`` for a reply that states nothing."""
     statements, anchored = _statements(text)
+    if _POLAR_QUESTION.search(question.prompt[-TAIL_CHARS:]):
+        # a yes/no question is answered yes or no: the first statement that says it,
+        # else the last sentence that does
+        said = [*statements, *reversed(_SENTENCE.split(text[-TAIL_CHARS:]))]
+        polar = next((m[1] or m[2] for s in said if (m := _POLAR.search(s))), None)
+        return (polar.capitalize(), anchored) if polar else (None, False)
+    tail = text[-TAIL_CHARS:].rstrip()
+    cut = "" if anchored or _FINISHED.search(tail) else _SENTENCE.split(tail)[-1]
     for statement in statements:
         answer = _reduce(statement, question, anchored)
+        if answer is not None and cut.endswith(statement) and _is_fragment(answer):
+            continue  # "To determine if 91": a sentence cut off, not an answer
         if answer is not None:
             return answer, anchored
     return None, False
@@ -208,6 +263,23 @@ def _short_answer(text: str, prompt: str) -> tuple[str | None, bool]:
 
 def _key_words(answer: str) -> list[str]:
     return [_stem(w) for w in text_words(answer) if w not in ("the", "a", "an")]
+
+
+def _substantive(words: Sequence[str]) -> bool:
+    """Whether an answer may be found inside another: it has a content word that is not
+    a single letter ("K2", "7", "Paris"; not "a", "x", "is", "the")."""
+    return any(len(w) > 1 or w.isdigit() for w in _content(words))
+
+
+def _heads(short: Sequence[str], long: Sequence[str]) -> bool:
+    """Whether ``long`` says ``short``: all of its words, and it starts with one of them."""
+    return bool(long) and set(short) <= set(long) and long[0] in short
+
+
+def _predicate(answer: str) -> list[str]:
+    """The content words after the copula of an "X is Y" answer ([] without one)."""
+    parts = _COPULA.split(f" {answer} ", maxsplit=1)
+    return _content(_key_words(parts[1])) if len(parts) == 2 else []
 
 
 @register
@@ -234,9 +306,10 @@ class TextAnswer(AnswerType):
             return False
         if bool(_NEGATIONS & set(wa)) != bool(_NEGATIONS & set(wb)):
             return False
-        ca, cb = _content(wa) or wa, _content(wb) or wb
-        short, long = sorted((ca, cb), key=lambda w: (len(w), w))
-        if set(short) <= set(long) and long[0] in short:
+        (short, _), (long, long_text) = sorted(
+            ((_content(wa) or wa, a), (_content(wb) or wb, b)), key=lambda p: (len(p[0]), p)
+        )
+        if _substantive(short) and (_heads(short, long) or _heads(short, _predicate(long_text))):
             return True
         if min(len(wa), len(wb)) < _SIMILAR_WORDS:
             return False  # "mother-in-law" is not "brother-in-law", though 87 % similar
