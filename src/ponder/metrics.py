@@ -97,3 +97,16 @@ WEBHOOK_DELIVERIES = Counter(
     ["outcome"],
     registry=REGISTRY,
 )
+ENGINE_RESTARTS = Counter(
+    "ponder_engine_restarts_total",
+    "Engine process deaths and failed starts, each followed by a restart, by engine and "
+    "reason (signal, exit, timeout, start_failed)",
+    ["engine", "reason"],
+    registry=REGISTRY,
+)
+ENGINE_UP = Gauge(
+    "ponder_engine_up",
+    "1 while the engine can run rows (its engine process is live, where it has one), else 0",
+    ["engine"],
+    registry=REGISTRY,
+)

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter
+from typing import TYPE_CHECKING
+
+from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ponder import metrics
 from ponder.api.deps import State
 from ponder.errors import RecoverableError
+
+if TYPE_CHECKING:
+    from ponder.runtime import WorkerRuntime
 
 __all__ = ["router"]
 
@@ -22,8 +27,11 @@ async def healthz() -> dict[str, str]:
 
 
 @router.get("/readyz")
-async def readyz(state: State) -> JSONResponse:
-    """200 when the store answers and at least one worker is alive, else 503."""
+async def readyz(request: Request, state: State) -> JSONResponse:
+    """200 when the store answers, at least one worker is alive and this process's engine
+    (where it runs one: ``ponder serve``) can run rows, else 503 with the reason."""
+    runtime: WorkerRuntime | None = getattr(request.app.state, "runtime", None)
+    engine_down = runtime.engine.health() if runtime is not None else None
     store_ok = await state.store.ping()
     workers = 0
     if store_ok:
@@ -31,14 +39,21 @@ async def readyz(state: State) -> JSONResponse:
             workers = await state.store.live_workers()
         except RecoverableError:
             store_ok = False
-    ready = store_ok and workers > 0
+    ready = store_ok and workers > 0 and engine_down is None
     body: dict[str, object] = {
         "status": "ready" if ready else "not_ready",
         "store": store_ok,
         "workers": workers,
     }
+    if runtime is not None:
+        body["engine"] = "live" if engine_down is None else "down"
     if not ready:
-        reason = "the store cannot be reached" if not store_ok else "no worker is alive"
+        if not store_ok:
+            reason = "the store cannot be reached"
+        elif engine_down is not None:
+            reason = f"no engine is live: {engine_down}"
+        else:
+            reason = "no worker is alive"
         body["error"] = {"code": "unavailable", "message": reason}
     return JSONResponse(body, status_code=200 if ready else 503)
 

@@ -282,8 +282,16 @@ function renderOverview(el, data) {
       ["requests in flight", "requests_in_flight"], ["requests queued", "requests_queued"]]) {
       if (e[key] !== undefined) rows.push(barRow(label, e[key], Math.max(1, e.max_rows || e.max_concurrency || 1), "b-engine"));
     }
-    tiles.push(tile("Engine rows", String(e.rows_running ?? e.requests_in_flight ?? 0), "rows",
-      h("div", { class: "sub" }, `${e.name} · ${e.model}`), h("div", { class: "bars" }, rows)));
+    const engineTile = tile("Engine rows", String(e.rows_running ?? e.requests_in_flight ?? 0), "rows",
+      h("div", { class: "sub" }, `${e.name} · ${e.model}`), h("div", { class: "bars" }, rows));
+    if (e.process_state !== undefined) {
+      // an engine with a process of its own: whether it is live, and why not
+      const restarts = `${e.process_restarts} restart${e.process_restarts === 1 ? "" : "s"}`;
+      const live = e.process_state === "live";
+      engineTile.append(h("div", { class: live ? "sub" : "sub error", id: "engine-process", dataset: { state: e.process_state } },
+        live ? `process ${e.process_pid} live · ${restarts}` : `process down: ${e.process_error} · ${restarts}`));
+    }
+    tiles.push(engineTile);
     tiles.push(tile("Tokens / s", data.tokens_per_s === null ? "—" : data.tokens_per_s.toFixed(1), "tokens",
       h("div", { class: "sub" }, `${e.tokens ?? "—"} tokens generated`)));
   }

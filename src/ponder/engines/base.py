@@ -174,6 +174,11 @@ class BaseEngine(ABC):
         """What the engine is doing now (rows running, queued, counters), for operators."""
         return {}
 
+    def health(self) -> str | None:
+        """Why the engine cannot run rows now (``/readyz`` answers 503 with it), or None
+        while it can. Safe to call from any thread."""
+        return None
+
     async def start(self) -> None:  # noqa: B027 - optional hook
         """Load what the engine needs (model weights, connections). Idempotent."""
 

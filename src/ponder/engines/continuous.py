@@ -170,6 +170,10 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         self._rate_tokens = 0
         #: the row counts last set on the gauges (running, prefilling, queued)
         self._published_rows: tuple[int, int, int] | None = None
+        #: no rows are admitted, prefilled or stepped before this time (engine clock): the
+        #: engine's process is down and restarts then (see :meth:`_supervise`); the loop
+        #: wakes then even when idle; ``-inf``: nothing is blocked
+        self._blocked_until = -math.inf
 
     # --- the async side ---------------------------------------------------------------
     async def start(self) -> None:
@@ -242,6 +246,10 @@ class ContinuousEngine(BaseEngine, Generic[R]):
             **asdict(self.stats),
         }
 
+    def health(self) -> str | None:
+        dead = self._dead
+        return None if dead is None else str(dead)
+
     def _on_cancel(self, row: R) -> None:
         """A queued row leaves the queue at once; a running one at the next step."""
         if self._queue.discard(row):
@@ -294,9 +302,13 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     def _next_work_in(self, now: float) -> float:
         """Seconds until the loop has something to do (0: now; inf: only an event)."""
+        soonest = math.inf
+        if self._blocked_until > -math.inf:  # only a cancel, a deadline or the restart
+            for row in self._joining + self._running:
+                soonest = min(soonest, row.deadline)
+            return min(soonest, self._blocked_until) - now
         if self._joining:
             return 0.0  # a prefill to advance
-        soonest = math.inf
         for row in self._running:
             soonest = min(soonest, row.ready_at, row.deadline)
         if len(self._queue) and len(self._running) + len(self._joining) < self.max_rows:
@@ -314,10 +326,15 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         return oldest + self.max_wait_s
 
     def _iteration(self) -> None:
+        self._blocked_until = self._supervise(self._clock())
         now = self._clock()
         finished = self._retire(now)
         if finished:
             self._leave(finished)
+        if self._blocked_until > now:  # cancels and deadlines only, until the restart
+            self._flush_pieces()
+            self._publish()
+            return
         self._admit(now)
         if self._joining:
             ready = self._prefill(self._joining, now)
@@ -494,6 +511,13 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     def _teardown(self) -> None:
         """Release what :meth:`_setup` loaded (in the model thread, after the loop)."""
+
+    def _supervise(self, now: float) -> float:
+        """First in every iteration (the model thread): look after what the model runs in
+        (the openvino engine restarts its engine process here). Returns the time before
+        which no row can be admitted, prefilled or stepped (the loop then only retires
+        cancelled and timed-out rows, and wakes by then); ``-inf``: none."""
+        return -math.inf
 
     def _suspend(self, row: R) -> None:
         """A running row was taken out of the batch and will resume later: the next

@@ -29,12 +29,23 @@ come back.
   re-added with its prompt and its tokens so far; a sampled row's seed then continues as
   ``seed + tokens so far`` (its text is not the one it would have had without
   preemption).
-- **A fault stays in the process**: if the engine process dies (a native crash, a kill)
-  or does not answer a step within ``_STEP_TIMEOUT_S``, a new process starts at the next
-  step and the rows it held resume there from their tokens so far (as after a
-  preemption); a row that was running when a process died before fails instead, with an
-  :class:`~ponder.errors.EngineError` naming the cause, since it may be what crashes it.
-  The event loop never waits on any of this: it happens in the engine's model thread.
+- **A fault stays in the process, and is noticed at once**: a watcher thread per process
+  waits for its exit (``waitid``, without reaping it), so a death is seen when it
+  happens, idle or busy, not at the next step; so is a step not answered within
+  ``_STEP_TIMEOUT_S`` (the process is killed). The model thread then logs one line (the
+  pid, the signal or exit code, the rows it held, the restart count), counts it in
+  ``ponder_engine_restarts_total{engine,reason}``, reports the engine down
+  (:meth:`OpenVINOEngine.health`: ``/readyz`` answers 503 with it) and starts a new
+  process at once; after a process that lived under :data:`_STABLE_S` and answered no
+  step, or a start that failed, the next start waits longer (:data:`_BACKOFF_S`), so a
+  crash loop (a corrupt model file) is a line per try and a 503 with the last error,
+  never a silent spin. The rows the dead process held resume in the next one from their
+  tokens so far (as after a preemption). **Blame**: a death counts only against the rows
+  that were in that process (sent to it, not merely waiting to be); a row fails with an
+  :class:`~ponder.errors.EngineError` naming the cause only when it was in
+  :data:`POISON_DEATHS` consecutive deaths (each process it ran in died under it), since
+  it may be what crashes them. The event loop never waits on any of this: it happens in
+  the engine's model thread.
 
 The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over all rows
 (0: 1,024 per row of ``PONDER_ENGINE_MAX_ROWS``).
@@ -43,16 +54,20 @@ The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over a
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
+import os
 import secrets
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass
 from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import Any
 
+from ponder import metrics
 from ponder.config import Settings
 from ponder.engines import openvino_process
 from ponder.engines.base import SampleOutput
@@ -61,7 +76,9 @@ from ponder.engines.models import engine_files
 from ponder.engines.textrows import LocalModelEngine, TokenRow
 from ponder.errors import ConfigError, EngineError
 
-__all__ = ["OpenVINOEngine"]
+__all__ = ["POISON_DEATHS", "OpenVINOEngine"]
+
+log = logging.getLogger("ponder.engine")
 
 #: positions of the KV cache per row when PONDER_ENGINE_KV_TOKENS is 0
 _KV_PER_ROW = 1024
@@ -72,6 +89,13 @@ _LOAD_TIMEOUT_S = 600.0
 _STEP_TIMEOUT_S = 300.0
 #: how long a closing process has to exit before it is killed
 _EXIT_TIMEOUT_S = 10.0
+#: a row fails once it was in this many consecutive engine process deaths
+POISON_DEATHS = 2
+#: a process that lived this long, or answered a step, was a good start: the restart after
+#: its death is immediate
+_STABLE_S = 10.0
+#: the wait before a restart after 1, 2, 3, … bad starts in a row (then the last, again)
+_BACKOFF_S = (0.0, 0.5, 1.0, 2.0, 5.0, 10.0, 30.0)
 _IGNORED = (
     "the engine could not schedule the row: its prompt and tokens exceed the KV cache "
     "(raise PONDER_ENGINE_KV_TOKENS)"
@@ -86,8 +110,10 @@ class _Row(TokenRow):
     request_id: int | None = None
     #: the seed the pipeline samples with (None: greedy)
     seed: int | None = None
-    #: how many engine processes died while running it
-    crashes: int = 0
+    #: the engine process deaths it was in, consecutively (see POISON_DEATHS)
+    deaths: int = 0
+    #: the life (OpenVINOEngine's count of processes started) of the last death it was in
+    died_in: int = -1
 
 
 class OpenVINOEngine(LocalModelEngine["_Row"]):
@@ -111,6 +137,20 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         self._config: dict[str, Any] = {}
         self._process: subprocess.Popen[bytes] | None = None
         self._conn: Connection | None = None
+        #: processes that became ready (a process's "life" is its number here)
+        self._lives = 0
+        #: when the current process became ready (engine clock), and whether it answered
+        #: a step
+        self._born = 0.0
+        self._stepped = False
+        #: bad starts in a row (the backoff's index)
+        self._bad_starts = 0
+        #: when the next start is due (None: a process is live, or none is wanted)
+        self._restart_at: float | None = None
+        #: why no process is live (None: one is); read by health() from any thread
+        self._down: str | None = None
+        #: a process whose exit the watcher saw (the model thread handles it)
+        self._exited: subprocess.Popen[bytes] | None = None
         self._next_id = 0
         #: rows sent to the process, by request id
         self._sent: dict[int, _Row] = {}
@@ -131,12 +171,18 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         return self._process.pid if self._process is not None else None
 
     def describe(self) -> dict[str, Any]:
+        down = self._down
         return {
             **super().describe(),
             "weights": self.weights,
             "process_pid": self.process_pid,
             "process_restarts": self.restarts,
+            "process_state": "live" if down is None else "restarting",
+            "process_error": down,
         }
+
+    def health(self) -> str | None:
+        return super().health() or self._down
 
     # --- set-up (model thread) --------------------------------------------------------
     def _setup(self) -> None:
@@ -173,11 +219,31 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             )
             conn = Connection(ours.detach())
         self._process, self._conn = process, conn
-        conn.send(self._config)
-        answer = self._receive(_LOAD_TIMEOUT_S, "load the model")
+        threading.Thread(
+            target=self._watch, args=(process,), name=f"ponder-{self.name}-watch", daemon=True
+        ).start()
+        try:
+            conn.send(self._config)
+            answer = self._receive(_LOAD_TIMEOUT_S, "load the model")
+        except (_ProcessLost, OSError):
+            self._end_process()
+            raise
         if answer[0] != "ready":
             self._end_process()
             raise ConfigError(f"the openvino engine cannot load {self.model_name}: {answer[1]}")
+        self._lives += 1
+        self._born, self._stepped = self._clock(), False
+        self._down = None
+        metrics.ENGINE_UP.labels(engine=self.name).set(1)
+
+    def _watch(self, process: subprocess.Popen[bytes]) -> None:
+        """The watcher thread of ``process``: wait for its exit (without reaping it: the
+        model thread does) and, unless the engine ended it, wake the model thread."""
+        with contextlib.suppress(ChildProcessError):  # reaped already: ended on purpose
+            os.waitid(os.P_PID, process.pid, os.WEXITED | os.WNOWAIT)
+        if process is self._process:
+            self._exited = process
+            self._wake()
 
     def _teardown(self) -> None:
         conn = self._conn
@@ -185,6 +251,8 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             with contextlib.suppress(OSError):
                 conn.send(("close",))
         self._end_process()
+        self._restart_at, self._down = None, f"the {self.name} engine is closed"
+        metrics.ENGINE_UP.labels(engine=self.name).set(0)
 
     def _end_process(self) -> None:
         process, conn = self._process, self._conn
@@ -211,10 +279,12 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         try:
             code = process.wait(_EXIT_TIMEOUT_S)
             cause = f"died ({_exit_cause(code)})"
+            reason = "signal" if code < 0 else "exit"
         except subprocess.TimeoutExpired:
             process.kill()
             cause = f"did not {doing} within {timeout_s:g} s and was killed"
-        raise _ProcessLost(f"the openvino engine process {cause}")
+            reason = "timeout"
+        raise _ProcessLost(f"the openvino engine process {cause}", reason)
 
     # --- rows -------------------------------------------------------------------------
     def _open(self, row: _Row) -> None:
@@ -262,10 +332,81 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         }
         self._adds.append((request_id, row.prompt_ids + row.tokens, params))
 
+    # --- supervision (model thread) ---------------------------------------------------
+    def _supervise(self, now: float) -> float:
+        """Handle a death the watcher saw; start a new process when one is due."""
+        exited, self._exited = self._exited, None
+        if exited is not None and exited is self._process:
+            code = exited.wait()  # it exited: the wait reaps it at once
+            self._lost(f"the openvino engine process died ({_exit_cause(code)})", _reason(code))
+        if self._process is not None or self._restart_at is None:
+            return -math.inf
+        if now < self._restart_at:
+            return self._restart_at
+        self.restarts += 1
+        try:
+            self._spawn()
+        except (ConfigError, _ProcessLost, OSError) as e:
+            self._bad_starts += 1
+            delay = _backoff(self._bad_starts)
+            self._restart_at = self._clock() + delay
+            self._down = f"the {self.name} engine process failed to start: {e}"
+            metrics.ENGINE_RESTARTS.labels(engine=self.name, reason="start_failed").inc()
+            log.error(
+                "engine %s: start %d of its engine process failed (%s); next try in %g s",
+                self.name,
+                self.restarts,
+                " ".join(str(e).split()),
+                delay,
+            )
+            return self._restart_at
+        self._restart_at = None
+        log.info(
+            "engine %s: engine process %d is live (restart %d)",
+            self.name,
+            self.process_pid,
+            self.restarts,
+        )
+        return -math.inf
+
+    def _lost(self, cause: str, reason: str) -> None:
+        """The live process died (or was killed, hung): log it, count it, report the engine
+        down, put its rows back for the next process and schedule that one's start."""
+        process = self._process
+        assert process is not None
+        pending = {request_id for request_id, _, _ in self._adds}
+        held = [row for rid, row in self._sent.items() if rid not in pending]
+        waiting = [row for rid, row in self._sent.items() if rid in pending]
+        stable = self._stepped or self._clock() - self._born >= _STABLE_S
+        self._bad_starts = 0 if stable else self._bad_starts + 1
+        self._end_process()
+        delay = _backoff(self._bad_starts)
+        self._restart_at = self._blocked_until = self._clock() + delay
+        self._down = f"{cause}; it restarts"
+        metrics.ENGINE_UP.labels(engine=self.name).set(0)
+        metrics.ENGINE_RESTARTS.labels(engine=self.name, reason=reason).inc()
+        tasks = sorted({row.request.task_id for row in held if row.request.task_id})
+        log.warning(
+            "engine %s: %s; pid %d, %s; restart %d %s",
+            self.name,
+            cause,
+            process.pid,
+            "idle"
+            if not held
+            else f"holding {len(held)} row(s) of task(s) {', '.join(tasks) or '-'}",
+            self.restarts + 1,
+            "follows now" if delay == 0 else f"in {delay:g} s",
+        )
+        self._crashed(held, waiting, cause)
+
     def _step(self, rows: list[_Row]) -> int:
-        if self._conn is None:
-            self.restarts += 1
-            self._spawn()  # ConfigError here ends the engine: it cannot load any more
+        process = self._process
+        if process is None:
+            return 0  # no process: _supervise blocks the loop until one starts
+        code = process.poll()
+        if code is not None:  # it died since the last step: the rows to add never ran
+            self._lost(f"the openvino engine process died ({_exit_cause(code)})", _reason(code))
+            return 0
         adds, drops = self._adds, self._drops
         self._adds, self._drops = [], []
         sent = list(self._sent.values())
@@ -274,9 +415,15 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             self._conn.send(("step", adds, drops))
             answer = self._receive(_STEP_TIMEOUT_S, "answer a step")
         except (_ProcessLost, OSError) as e:
-            self._end_process()
-            self._crashed(sent, str(e))
+            if isinstance(e, _ProcessLost):
+                cause, reason = str(e), e.reason
+            else:  # the socket failed: a dying process
+                code = process.wait()
+                cause = f"the openvino engine process died ({_exit_cause(code)})"
+                reason = _reason(code)
+            self._lost(cause, reason)
             return 0
+        self._stepped = True
         if answer[0] == "failed":
             self._sent.clear()
             self._leaders.clear()
@@ -309,16 +456,28 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         if self._leaders.get(key) is row:
             del self._leaders[key]
 
-    def _crashed(self, rows: list[_Row], cause: str) -> None:
-        """The process died under ``rows``: each resumes in the next process from its tokens
-        so far, once; a row the process died under before fails (it may be the cause)."""
+    def _crashed(self, held: list[_Row], waiting: list[_Row], cause: str) -> None:
+        """The process died: the rows it ``held`` and those ``waiting`` to be sent to it
+        resume in the next process from their tokens so far; a held row that was in
+        :data:`POISON_DEATHS` consecutive deaths fails instead (it may be the cause)."""
         self._sent.clear()
         self._leaders.clear()
-        again = [row for row in rows if row.finish is None and row.crashes > 0]
-        self._fail(again, EngineError(f"{cause} under this row twice; the process restarts"))
-        for row in rows:
+        self._adds, self._drops = [], []
+        life = self._lives
+        poison = []
+        for row in held:
+            row.deaths = row.deaths + 1 if row.died_in == life - 1 else 1
+            row.died_in = life
+            if row.finish is None and row.deaths >= POISON_DEATHS:
+                poison.append(row)
+        self._fail(
+            poison,
+            EngineError(
+                f"{cause} under this row {POISON_DEATHS} times in a row; the process restarts"
+            ),
+        )
+        for row in held + waiting:
             if row.finish is None:
-                row.crashes += 1
                 self._send(row)
 
     def _drop(self, keep: list[int]) -> None:
@@ -327,7 +486,10 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             if id(row) in kept or row.request_id is None:
                 continue
             if self._sent.pop(row.request_id, None) is not None:
-                self._drops.append(row.request_id)
+                pending = len(self._adds)
+                self._adds = [add for add in self._adds if add[0] != row.request_id]
+                if len(self._adds) == pending:  # the process has it: end it there
+                    self._drops.append(row.request_id)
             self._unlead(row)
             row.request_id = None
 
@@ -336,7 +498,20 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
 
 
 class _ProcessLost(RuntimeError):
-    """The engine process died or stopped answering."""
+    """The engine process died or stopped answering (``reason``: the restart metric's)."""
+
+    def __init__(self, message: str, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason
+
+
+def _reason(code: int) -> str:
+    return "signal" if code < 0 else "exit"
+
+
+def _backoff(bad_starts: int) -> float:
+    """The wait before the next start after ``bad_starts`` bad starts in a row."""
+    return _BACKOFF_S[min(bad_starts, len(_BACKOFF_S) - 1)]
 
 
 def _model_facts(path: Path) -> tuple[int, frozenset[int]]:
