@@ -22,7 +22,14 @@ from ponder.errors import EngineError
 if TYPE_CHECKING:
     from ponder.config import Settings
 
-__all__ = ["Detokenizer", "LocalModelEngine", "TokenRow", "encode_prompt", "stop_position"]
+__all__ = [
+    "Detokenizer",
+    "LocalModelEngine",
+    "TokenRow",
+    "complete_text",
+    "encode_prompt",
+    "stop_position",
+]
 
 
 @dataclass(eq=False)
@@ -87,7 +94,7 @@ class TokenRow(Row):
         """The ended row's output (its text decoded, or cut before a stop string)."""
         text = self.stopped_text
         if text is None:
-            text = tokenizer.decode(self.tokens, skip_special_tokens=True)
+            text = complete_text(tokenizer.decode(self.tokens, skip_special_tokens=True))
         if self.emitted < len(text) and self.finish is not None:
             self.emit(text[self.emitted :])  # the held-back tail, for the stream's last piece
             self.emitted = len(text)
@@ -187,6 +194,17 @@ class Detokenizer:
         if len(window) > len(prefix) and not window.endswith("\ufffd"):
             self.text += window[len(prefix) :]
             self._prefix_offset, self._read_offset = self._read_offset, len(tokens)
+
+
+def complete_text(text: str) -> str:
+    """``text`` without the incomplete character it may end in.
+
+    A row can end (its token budget, a timeout, a cancel) inside a character whose UTF-8
+    bytes span several byte-level tokens; its decoding then ends in U+FFFD, which the
+    model did not write. Text is released on character boundaries only, as the
+    :class:`Detokenizer` streams it.
+    """
+    return text.rstrip("\ufffd")
 
 
 def stop_position(text: str, stops: list[str]) -> int | None:
