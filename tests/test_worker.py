@@ -516,3 +516,70 @@ async def test_samples_that_state_no_answer_do_not_make_agreement(h: Harness) ->
     done = await h.wait(task.id)
     assert done.result is not None and done.result.answer is None
     assert done.result.agreement == 0.0 and done.result.confidence == 0.0
+
+
+async def test_auto_mode_ends_at_stage_one_when_the_greedy_answer_is_sure(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 17]]", mode="auto",
+                          target_confidence=0.01, priority=2)  # fmt: skip
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert [s.status for s in done.samples] == ["done"] + ["skipped"] * 4
+    assert done.result is not None and done.result.answer == "42"
+    assert (done.result.stage, done.result.escalations) == (1, [])
+    assert done.result.stop_reason == "confident" and done.result.samples_saved == 4
+    assert [(r.sample_index, r.priority) for r in h.engine.requests] == [(0, 2)]
+    events = [e.event for e in await h.store.read_events(task.id, None, limit=100)]
+    assert events.index("preliminary") < events.index("result")
+
+
+async def test_auto_mode_escalates_stage_by_stage(h: Harness) -> None:
+    """A target no answer reaches: stage 1 and 2 run alone, then the rest of deep's plan,
+    one priority level below the task's, with a preliminary answer after each stage."""
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 17, 42, 42, 42]]", mode="auto",
+                          target_confidence=1.0, priority=2)  # fmt: skip
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    assert [s.path for s in done.samples] == ["cot", "pot", "decompose", "cot", "pot"]
+    assert done.result is not None and done.result.answer == "42"
+    assert done.result.stage == 3
+    assert done.result.escalations == ["second_path", "deep_plan"]
+    assert done.result.stop_reason in ("decided", "complete")
+    requests = sorted((r.sample_index, r.priority) for r in h.engine.requests)
+    assert requests[:2] == [(0, 2), (1, 3)] and all(p == 3 for _, p in requests[1:])
+    # stages 1 and 2 ran alone: sample 1 started after sample 0 ended, 2 after 1
+    order = [r.sample_index for r in h.engine.requests]
+    assert order[:2] == [0, 1] and set(order[2:]) <= {2, 3, 4}
+    events = await h.store.read_events(task.id, None, limit=200)
+    stages = [e.data["stage"] for e in events if e.event == "preliminary"]
+    assert stages[:2] == [1, 2] and 3 in stages
+
+
+async def test_a_token_budget_ends_sampling_with_the_best_answer(h: Harness) -> None:
+    h.start_worker()
+    prompt = "What is 6*7? [[answers: 42, 17, 17]] [[tokens: 20]]"
+    task = await h.submit(prompt, samples=3, max_total_tokens=30)
+    done = await h.wait(task.id)
+    assert done.status == TaskStatus.done
+    # sample 0 ran alone (it reserved the whole budget), sample 1 got the 10 tokens left
+    assert done.usage.completion_tokens == 30
+    assert [r.max_new_tokens for r in h.engine.requests] == [30, 10]
+    assert [s.status for s in done.samples] == ["done", "done", "skipped"]
+    assert done.samples[1].finish_reason == "length"
+    assert done.result is not None and done.result.stop_reason == "budget"
+    assert done.result.answer == "42"
+    # a budget below max_new_tokens caps the sample itself
+    tight = await h.wait((await h.submit(prompt, mode="fast", max_total_tokens=5)).id)
+    assert tight.usage.completion_tokens == 5 and tight.samples[0].finish_reason == "length"
+    assert [r.max_new_tokens for r in h.engine.requests][-1] == 5
+
+
+async def test_a_sample_budget_ends_an_open_vote_as_budget(h: Harness) -> None:
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[answers: 42, 17, 9]]", mode="auto",
+                          target_confidence=1.0, max_samples=2)  # fmt: skip
+    done = await h.wait(task.id)
+    assert done.samples_planned == 2 and done.samples_used == 2
+    assert done.result is not None and done.result.stop_reason == "budget"
+    assert done.result.stage == 2

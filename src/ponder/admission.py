@@ -49,6 +49,7 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         )
     caps: list[tuple[str, float | None, float]] = [
         ("samples", req.samples, mode.max_samples),
+        ("max_samples", req.max_samples, mode.max_samples),
         ("max_new_tokens", req.max_new_tokens, mode.max_max_new_tokens),
         ("temperature", req.temperature, mode.max_temperature),
         ("timeout_s", req.timeout_s, mode.max_timeout_s),
@@ -74,7 +75,7 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         mode=req.mode,
         task_type=req.task_type,
         priority=req.priority,
-        samples_planned=req.samples or mode.samples,
+        samples_planned=min(req.samples or mode.samples, req.max_samples or mode.max_samples),
         prompt=req.prompt,
         messages=[m.model_dump(exclude_none=True) for m in req.messages] if req.messages else None,
         max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
@@ -87,6 +88,8 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         early_stop=req.early_stop,
         target_confidence=req.target_confidence,
         stop=req.stop,
+        max_samples=req.max_samples,
+        max_total_tokens=req.max_total_tokens,
         metadata=req.metadata,
         callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
         owner=owner,

@@ -30,7 +30,7 @@ from ponder import __version__
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final
-from ponder.types import EventName, Mode, Result, Sample, Task, TaskStatus, TaskType
+from ponder.types import DEFAULT_MODE, EventName, Mode, Result, Sample, Task, TaskStatus, TaskType
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: the API error codes that are retried (and reconnected, on an event stream)
@@ -248,7 +248,7 @@ def submit_request(
     prompt: str | None = None,
     *,
     messages: list[dict[str, Any]] | None = None,
-    mode: Mode | str = Mode.standard,
+    mode: Mode | str = DEFAULT_MODE,
     task_type: TaskType | str = TaskType.auto,
     priority: int = 3,
     callback_url: str | None = None,
@@ -260,6 +260,8 @@ def submit_request(
     stop: list[str] | None = None,
     early_stop: bool | None = None,
     target_confidence: float | None = None,
+    max_samples: int | None = None,
+    max_total_tokens: int | None = None,
     metadata: dict[str, Any] | None = None,
     idempotency_key: str | None = None,
 ) -> Request:
@@ -272,7 +274,8 @@ def submit_request(
         "priority": priority, "callback_url": callback_url, "samples": samples,
         "max_new_tokens": max_new_tokens, "temperature": temperature, "timeout_s": timeout_s,
         "tests": tests, "stop": stop, "early_stop": early_stop,
-        "target_confidence": target_confidence, "metadata": metadata,
+        "target_confidence": target_confidence, "max_samples": max_samples,
+        "max_total_tokens": max_total_tokens, "metadata": metadata,
     }  # fmt: skip
     # checked as the API checks it: the same model (no coercion, no NaN, no blank prompt)
     body = {k: v for k, v in fields.items() if v is not None}

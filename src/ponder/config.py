@@ -41,6 +41,10 @@ __all__ = [
 NUM_PRIORITIES = 6
 
 
+#: auto mode's default target_confidence: the calibrated confidence at which its first
+#: stages end (chosen on the quality benchmark's fit half: bench/results/quality.md)
+AUTO_TARGET = 0.6
+
 #: the model names the OpenAI-compatible routes serve (``GET /v1/models``): ``ponder``
 #: (the standard mode) and one per mode
 SERVED_MODELS = ("ponder", *(f"ponder-{mode.value}" for mode in Mode))
@@ -65,7 +69,8 @@ class ModeConfig(BaseModel):
         default=0.8,
         gt=0,
         le=1,
-        description="early stop: the probability that the leading answer stays the leader",
+        description="early stop: the probability that the leading answer stays the leader "
+        "(auto mode: also the calibrated confidence that ends its first stages)",
     )
     paths: list[str] = Field(
         default_factory=lambda: ["cot"],
@@ -107,6 +112,14 @@ def default_modes() -> dict[Mode, ModeConfig]:
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
             early_stop=True, paths=["cot", "pot", "decompose"], progressive=True, clarify=True,
+        ),
+        # the cascade's plan is deep's (its paths, its size); target_confidence is the
+        # calibrated confidence that ends stage 1 or 2, fitted by bench/quality.py on the
+        # fit half; stage 3 stops by deep's stop rule
+        Mode.auto: ModeConfig(
+            samples=5, max_samples=12, temperature=0.4, max_new_tokens=1024,
+            max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
+            early_stop=True, target_confidence=AUTO_TARGET, paths=["cot", "pot", "decompose"],
         ),
     }  # fmt: skip
 

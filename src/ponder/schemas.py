@@ -22,7 +22,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from ponder.types import Mode, TaskType
+from ponder.types import DEFAULT_MODE, Mode, TaskType
 
 __all__ = [
     "ChatMessage",
@@ -110,7 +110,7 @@ class TaskCreate(StrictBody):
 
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
-    mode: ModeField = Mode.standard
+    mode: ModeField = DEFAULT_MODE
     task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     callback_url: HttpUrl | None = None
@@ -131,12 +131,28 @@ class TaskCreate(StrictBody):
         le=1,
         description="early stop: P(leader stays leader) to reach; default: the mode's",
     )
+    max_samples: int | None = Field(
+        default=None,
+        ge=1,
+        description="the budget: at most this many samples (auto mode escalates no further)",
+    )
+    max_total_tokens: int | None = Field(
+        default=None,
+        ge=1,
+        description="the budget: completion tokens over all samples; sampling stops when "
+        "it is spent, with the best answer so far",
+    )
     metadata: dict[str, Any] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _one_input(self) -> TaskCreate:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of `prompt` (a string) or `messages` (a chat list)")
+        if self.samples and self.max_samples and self.samples > self.max_samples:
+            raise ValueError(
+                f"samples ({self.samples}) is over max_samples ({self.max_samples}); "
+                "lower samples or raise max_samples"
+            )
         return self
 
     @field_validator("prompt")

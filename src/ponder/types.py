@@ -13,6 +13,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "DEFAULT_MODE",
     "CallbackInfo",
     "Delivery",
     "EventName",
@@ -59,6 +60,14 @@ class Mode(StrEnum):
     fast = "fast"
     standard = "standard"
     deep = "deep"
+    #: a cascade: one greedy answer, then a second reasoning path, then the rest of the deep
+    #: plan, each stage only while the calibrated confidence is below the target
+    auto = "auto"
+
+
+#: the mode of a request that names none (the task API, the OpenAI model ``ponder``, the
+#: SDK, the CLI and the console)
+DEFAULT_MODE = Mode.standard
 
 
 class EventName(StrEnum):
@@ -127,9 +136,19 @@ class Result(BaseModel):
     chosen_sample: int
     reasoning: str | None = None
     clarification: str | None = None
-    #: samples the stop rule skipped, and their estimated completion tokens
+    #: samples the stop rule skipped, and their estimated completion tokens (auto mode:
+    #: against the deep plan it would have run in full)
     samples_saved: int = 0
     tokens_saved: int = 0
+    #: auto mode: the stage the task ended in (1: the greedy answer, 2: a second reasoning
+    #: path, 3: the rest of the deep plan) and the escalations taken to get there
+    stage: int | None = None
+    escalations: list[str] = Field(default_factory=list)
+    #: why sampling ended: ``confident`` (the confidence reached the target), ``decided``
+    #: (the samples left could not change the leader), ``budget`` (``max_samples`` or
+    #: ``max_total_tokens`` ended it with the best answer so far), ``complete`` (every
+    #: planned sample ran), ``deadline`` (the task's time ran out); None while running
+    stop_reason: Literal["confident", "decided", "budget", "complete", "deadline"] | None = None
 
 
 class Usage(BaseModel):
@@ -158,7 +177,7 @@ class Task(BaseModel):
 
     id: str
     status: TaskStatus = TaskStatus.pending
-    mode: Mode = Mode.standard
+    mode: Mode = DEFAULT_MODE
     task_type: TaskType = TaskType.auto
     priority: int = 3
     created_at: datetime = Field(default_factory=utcnow)
@@ -189,6 +208,10 @@ class Task(BaseModel):
     target_confidence: float | None = None
     #: stop sequences passed to the engine
     stop: list[str] = Field(default_factory=list)
+    #: the budget: at most this many samples, and completion tokens over all of them
+    #: (None: no budget beyond the plan and max_new_tokens per sample)
+    max_samples: int | None = None
+    max_total_tokens: int | None = None
     attempts: int = 0
 
     # --- never shown to clients

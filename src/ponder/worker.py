@@ -23,7 +23,7 @@ from ponder.aio import cancel_and_wait
 from ponder.config import Settings
 from ponder.deltas import FOLLOW_TTL_S, DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
-from ponder.enhance.strategy import Strategy, create_strategy
+from ponder.enhance.strategy import StopReason, Strategy, create_strategy
 from ponder.errors import (
     EngineBusy,
     EngineDeadError,
@@ -405,6 +405,10 @@ class TaskRun:
         self.strategy: Strategy
         #: tokens spent outside the samples (the clarifying question)
         self._extra = Tokens()
+        #: the running samples' max_new_tokens, by index (what the token budget reserves)
+        self._reserved: dict[int, int] = {}
+        #: why sampling ended (Result.stop_reason)
+        self._stop_reason: StopReason = "complete"
         #: events of the last sample boundary, written with the task's end (one write less)
         self._last_events: list[tuple[str, dict[str, Any]]] = []
         self._deltas = DeltaPublisher(
@@ -516,25 +520,37 @@ class TaskRun:
         return time.monotonic() + max(0.0, self.task.timeout_s - elapsed)
 
     async def _run_samples(self) -> None:
-        """Run the queued samples, the strategy's window of them at a time, until they end,
-        the vote is decided or the deadline passes; save after every finished sample (the
-        last boundary's events are written with the task's end, :meth:`_end`)."""
+        """Run the queued samples, the strategy's wave of them at a time, until they end,
+        the vote is decided, the budget is spent or the deadline passes; save after every
+        finished sample (the last boundary's events are written with the task's end,
+        :meth:`_end`)."""
         task, strategy = self.task, self.strategy
         deadline = self._deadline()
         queued = [s for s in task.samples if s.status == SampleStatus.queued]
         jobs: dict[asyncio.Task[None], Sample] = {}
 
         def launch(count: int) -> None:
-            count = max(0, count)
-            for sample in queued[:count]:
+            for sample in queued[: max(0, count)]:
+                tokens = self._tokens_left()
+                if tokens is not None and tokens < 1:
+                    break  # the token budget is spent: nothing more starts
                 sample.status = SampleStatus.running
-                jobs[asyncio.create_task(self._run_sample(sample))] = sample
-            del queued[:count]
+                cap = task.max_new_tokens if tokens is None else min(task.max_new_tokens, tokens)
+                self._reserved[sample.index] = cap
+                jobs[asyncio.create_task(self._run_sample(sample, cap))] = sample
+                queued.remove(sample)
 
-        wave = strategy.window(len(task.samples))
-        launch(wave - self._ran())
+        def skip_queued(reason: StopReason) -> None:
+            for sample in queued:
+                sample.status = SampleStatus.skipped
+            queued.clear()
+            self._stop_reason = reason
+
+        launch(strategy.wave(task.samples) - self._ran())
         if not jobs:  # a reclaimed task whose first wave had already ended
-            launch(len(queued))
+            launch(strategy.wave(task.samples))
+        if not jobs and queued:
+            skip_queued("budget")
         stopped: list[asyncio.Task[None]] = []  # cancelled by the early stop
         try:
             while jobs and (remaining := deadline - time.monotonic()) > 0:
@@ -545,20 +561,21 @@ class TaskRun:
                     break
                 events = self._collect(jobs)
                 events += await self._preliminary()
-                if (await self._off_loop(strategy.stop)).stop:
+                check = await self._off_loop(strategy.stop)
+                if check.stop:
                     events += self._collect(jobs)  # samples that ended meanwhile still count
                     for job, sample in jobs.items():
                         sample.status = SampleStatus.skipped
                         job.cancel()
                     stopped += jobs
                     jobs.clear()
-                    for sample in queued:
-                        sample.status = SampleStatus.skipped
-                    queued.clear()
+                    skip_queued(check.reason or "complete")
                 else:
                     # the vote is open: keep a wave's worth of samples running, so a slow
                     # (or hanging) sample does not hold back the next ones
-                    launch(wave - len(jobs))
+                    launch(strategy.wave(task.samples) - len(jobs))
+                    if not jobs and queued:
+                        skip_queued("budget")
                 self._count()
                 if jobs or queued:
                     await self._save(events)
@@ -571,6 +588,17 @@ class TaskRun:
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(code="timeout", message="the task deadline passed")
+                self._stop_reason = "deadline"
+
+    def _tokens_left(self) -> int | None:
+        """Completion tokens the task's ``max_total_tokens`` leaves for a new sample: the
+        budget less what every sample and the clarifying question used and what the
+        running samples may still use (their ``max_new_tokens``); None without a budget."""
+        budget = self.task.max_total_tokens
+        if budget is None:
+            return None
+        used = sum(s.tokens.completion for s in self.task.samples if s.index not in self._reserved)
+        return budget - used - sum(self._reserved.values()) - self._extra.completion
 
     async def _end_jobs(self, jobs: dict[asyncio.Task[None], Sample]) -> None:
         """At the task deadline, stop the running rows and keep what they wrote so far.
@@ -624,12 +652,12 @@ class TaskRun:
         self.task.preliminary = result
         return [(EventName.preliminary, result.model_dump(mode="json"))]
 
-    async def _run_sample(self, sample: Sample) -> None:
+    async def _run_sample(self, sample: Sample, max_new_tokens: int) -> None:
         task = self.task
         request = SampleRequest(
             messages=self.strategy.messages(sample),
             temperature=sample.temperature,
-            max_new_tokens=task.max_new_tokens,
+            max_new_tokens=max_new_tokens,
             stop=task.stop,
             seed=sample.seed,
             sample_index=sample.index,
@@ -664,6 +692,7 @@ class TaskRun:
                 sample.status = SampleStatus.done
         finally:
             self._rows.pop(sample.index, None)
+            self._reserved.pop(sample.index, None)
             self._deltas.end(sample.index)
         latency = time.monotonic() - started
         sample.latency_ms = round(latency * 1000)
@@ -724,6 +753,7 @@ class TaskRun:
                 self._last_events = []
             fusion.result.clarification = await self._clarify(fusion.contested)
         fusion.result.samples_saved, fusion.result.tokens_saved = self.strategy.saved(task.samples)
+        fusion.result.stop_reason = self._stop_reason
         self._count()
         task.result = fusion.result
         complete = all(s.status in (SampleStatus.done, SampleStatus.skipped) for s in task.samples)

@@ -145,6 +145,8 @@ async def test_a_batch_of_responses(sdk: AsyncOpenAI) -> None:
          "body": {**body, "input": f"[[answers: {i}]]"}}
         for i in range(5)
     ]  # fmt: skip
+    # a line may name the auto mode and its budget
+    lines[4]["body"] |= {"model": "ponder-auto", "max_samples": 2, "target_confidence": 1.0}
     batch = await sdk.batches.create(
         input_file_id=await upload(sdk, lines), endpoint="/v1/responses", completion_window="24h"
     )
@@ -154,6 +156,9 @@ async def test_a_batch_of_responses(sdk: AsyncOpenAI) -> None:
     body = next(o for o in output if o["custom_id"] == "r3")["response"]["body"]
     assert body["object"] == "response" and body["status"] == "completed"
     assert body["output"][0]["content"][0]["text"].endswith("The answer is 3.")
+    auto = next(o for o in output if o["custom_id"] == "r4")["response"]["body"]
+    assert auto["model"] == "ponder-auto" and auto["ponder"]["stop_reason"] == "budget"
+    assert auto["ponder"]["stage"] == 2
 
 
 async def test_bad_lines(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:

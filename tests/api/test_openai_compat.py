@@ -91,6 +91,31 @@ async def test_n_and_deep_mode(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> N
     assert task["mode"] == "fast" and task["samples_planned"] == 1
 
 
+async def test_auto_mode_and_its_budget_through_the_sdk(
+    sdk: AsyncOpenAI, client: httpx.AsyncClient
+) -> None:
+    """``ponder-auto`` runs the cascade; ``extra_body`` carries the target and the budget,
+    and the ``ponder`` field says where the cascade ended."""
+    completion = await sdk.chat.completions.create(
+        model="ponder-auto",
+        messages=ask("[[answers: 5, 6, 5, 5, 5]]"),
+        extra_body={"target_confidence": 1.0, "max_samples": 3, "max_total_tokens": 500},
+    )
+    ponder = extra(completion)
+    assert ponder["answer"] == "5" and ponder["stage"] == 3
+    assert ponder["escalations"] == ["second_path", "deep_plan"]
+    assert ponder["stop_reason"] == "budget"
+    task = (await client.get(f"/v1/tasks/{ponder['task_id']}")).json()
+    assert task["mode"] == "auto" and task["samples_planned"] == 3
+    assert (task["max_samples"], task["max_total_tokens"]) == (3, 500)
+    assert task["target_confidence"] == 1.0
+    with pytest.raises(openai.UnprocessableEntityError) as info:
+        await sdk.chat.completions.create(
+            model="ponder-auto", messages=ask("x"), extra_body={"max_total_tokens": 0}
+        )
+    assert "max_total_tokens" in str(info.value)
+
+
 async def test_stop_sequences_cut_the_answer(sdk: AsyncOpenAI) -> None:
     completion = await sdk.chat.completions.create(
         model="ponder", messages=ask("[[answers: 9]]"), stop=["step by"], n=1
@@ -181,7 +206,7 @@ async def test_a_failed_task_is_not_retried_by_the_sdk(
 async def test_models(sdk: AsyncOpenAI) -> None:
     models = [m.id async for m in sdk.models.list()]
     assert models == ["ponder", *(f"ponder-{mode}" for mode in Mode)]
-    assert {"ponder-fast", "ponder-standard", "ponder-deep"} <= set(models)
+    assert {"ponder-fast", "ponder-standard", "ponder-deep", "ponder-auto"} <= set(models)
     model = await sdk.models.retrieve("ponder-deep")
     assert model.id == "ponder-deep" and model.object == "model"
     with pytest.raises(openai.NotFoundError) as info:

@@ -76,6 +76,24 @@ async def test_background_response_is_polled_to_its_fused_answer(
     assert done.usage.total_tokens == done.usage.input_tokens + done.usage.output_tokens
 
 
+async def test_a_background_auto_response_ends_where_its_confidence_allows(
+    sdk: AsyncOpenAI, client: httpx.AsyncClient
+) -> None:
+    created = await sdk.responses.create(
+        model="ponder-auto",
+        input="What is 6 * 7? [[answers: 42, 41]]",
+        background=True,
+        extra_body={"target_confidence": 0.01, "max_total_tokens": 400},
+    )
+    done = await poll(sdk, created.id)
+    assert done.status == "completed"
+    ponder = ponder_of(done)
+    assert ponder["answer"] == "42" and ponder["stage"] == 1 and ponder["escalations"] == []
+    assert ponder["stop_reason"] == "confident" and ponder["samples_saved"] == 4
+    task = (await client.get(f"/v1/tasks/{ponder['task_id']}")).json()
+    assert task["mode"] == "auto" and task["max_total_tokens"] == 400
+
+
 async def test_without_background_the_call_waits(
     sdk: AsyncOpenAI, client: httpx.AsyncClient
 ) -> None:

@@ -94,6 +94,13 @@ async def test_messages_input(client: httpx.AsyncClient) -> None:
         ({"prompt": "a", "early_stop": 1}, "early_stop"),
         ({"prompt": "a", "stop": "x"}, "stop"),
         ({"prompt": "a", "samples": 10**40}, "samples: " + str(10**40) + " is over"),
+        # the budget
+        ({"prompt": "a", "max_samples": 0}, "max_samples: Input should be greater than"),
+        ({"prompt": "a", "max_total_tokens": 0}, "max_total_tokens: Input should be greater"),
+        ({"prompt": "a", "max_total_tokens": "9"}, "max_total_tokens"),
+        ({"prompt": "a", "samples": 5, "max_samples": 3}, "samples (5) is over max_samples (3)"),
+        ({"prompt": "a", "mode": "auto", "max_samples": 13}, "max_samples: 13 is over the auto"),
+        ({"prompt": "a", "mode": "cascade"}, "mode: Input should be 'fast', 'standard', 'deep'"),
         # blank prompts, and callback URLs that no receiver can be at
         ({"prompt": " \n\t "}, "prompt: the prompt is blank"),
         ({"prompt": "a", "callback_url": "http://example.com:0/hook"}, "callback_url: port 0"),

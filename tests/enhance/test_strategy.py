@@ -371,3 +371,95 @@ def test_short_answers_vote_and_a_text_without_one_does_not() -> None:
     quiet = done(0, None).model_copy(update={"text": "To calculate 9 + 2, we add them."})
     math.rejudge(quiet)
     assert quiet.answer is None and quiet.confidence == 0.0
+
+
+# --- auto mode: the cascade -----------------------------------------------------------------
+def auto(n: int = 5, target: float = 0.7, **kw: Any) -> Strategy:
+    return strategy("auto", n, target_confidence=target, temperature=0.4, **kw)
+
+
+def test_auto_plans_deep_with_the_second_path_at_stage_two() -> None:
+    plan = auto().plan()
+    assert [s.path for s in plan] == ["cot", "pot", "decompose", "cot", "pot"]
+    assert [s.temperature for s in plan] == [0.0, 0.4, 0.4, 0.4, 0.4]
+    # a type without program of thought: decompose moves forward to stage 2
+    choice = auto(task_type=TaskType.choice, prompt="Pick one: A) 1 B) 2")
+    assert [s.path for s in choice.plan()] == ["cot", "decompose", "cot", "cot", "cot"]
+
+
+def test_auto_runs_one_sample_at_a_time_until_stage_three() -> None:
+    s = auto()
+    assert s.wave([queued(i) for i in range(5)]) == 1
+    assert s.wave([done(0, "4", temperature=0), *[queued(i) for i in range(1, 5)]]) == 1
+    two = [done(0, "4", temperature=0), done(1, "5"), *[queued(i) for i in range(2, 5)]]
+    assert s.wave(two) == s.window(5) == 3
+
+
+def test_auto_stage_one_ends_when_the_greedy_answer_is_confident() -> None:
+    rest = [queued(i) for i in range(1, 5)]
+    sure = auto(target=0.7).stop([done(0, "4", temperature=0, confidence=0.8), *rest])
+    assert sure.stop and sure.reason == "confident" and sure.probability == 0.8
+    unsure = auto(target=0.7).stop([done(0, "4", temperature=0, confidence=0.6), *rest])
+    assert not unsure.stop
+    # no answer: nothing to be sure of
+    assert not auto(target=0.01).stop([done(0, None, temperature=0, confidence=0.0), *rest]).stop
+
+
+def test_auto_stage_two_ends_when_both_paths_agree_and_are_sure_together() -> None:
+    rest = [queued(i) for i in range(2, 5)]
+    agree = [done(0, "4", temperature=0, confidence=0.5), done(1, "4", confidence=0.5), *rest]
+    check = auto(target=0.7).stop(agree)
+    assert check.stop and check.probability == pytest.approx(0.75)  # 1 - (1 - .5)(1 - .5)
+    assert not auto(target=0.8).stop(agree).stop
+    disagree = [done(0, "4", temperature=0, confidence=0.9), done(1, "5", confidence=0.9), *rest]
+    assert not auto(target=0.1).stop(disagree).stop
+
+
+def test_auto_stage_three_is_the_stop_rule_over_every_sample() -> None:
+    ran = [done(0, "4", temperature=0), done(1, "5"), done(2, "4")]
+    # 2 of 3 for "4" with two samples left: P(leader stays) = 11/16
+    check = auto(target=0.6).stop([*ran, queued(3), queued(4)])
+    assert check.stop and check.reason == "confident" and check.probability == 11 / 16
+    assert not auto(target=0.7).stop([*ran, queued(3), queued(4)]).stop
+    decided = auto(target=0.99).stop([*ran, done(3, "4"), queued(4)])
+    assert decided.stop and decided.reason == "decided"
+    last = auto(target=0.99).stop([*ran, done(3, "5"), done(4, "6")])
+    assert last.stop and last.reason == "complete"
+
+
+def test_auto_escalation_rows_run_below_the_task_priority() -> None:
+    s = auto(priority=3)
+    plan = s.plan()
+    assert [s.priority(x) for x in plan] == [3, 4, 4, 4, 4]
+    assert [auto(priority=5).priority(x) for x in plan] == [5, 5, 5, 5, 5]
+
+
+def test_auto_results_say_the_stage_and_escalations() -> None:
+    s = auto()
+    one = s.fuse([done(0, "4", temperature=0), *[queued(i) for i in range(1, 5)]])
+    assert one is not None and one.result.stage == 1 and one.result.escalations == []
+    three = s.fuse([done(0, "4", temperature=0), done(1, "5"), done(2, "4"), queued(3), queued(4)])
+    assert three is not None and three.result.stage == 3
+    assert three.result.escalations == ["second_path", "deep_plan"]
+    assert strategy("standard").fuse([done(0, "4")]).result.stage is None  # type: ignore[union-attr]
+
+
+def test_auto_gives_a_preliminary_answer_after_each_stage() -> None:
+    now = [100.0]
+    s = create_strategy(
+        task("auto", 5, target_confidence=0.99), SETTINGS, calibration=FLAT
+    )
+    s._clock = lambda: now[0]
+    samples = [done(0, "4", temperature=0), *[queued(i) for i in range(1, 5)]]
+    assert s.preliminary(samples) is not None
+    samples[1] = done(1, "4")  # the same answer, at once: still a new stage
+    second = s.preliminary(samples)
+    assert second is not None and second.stage == 2
+    assert s.preliminary(samples) is None  # nothing new
+
+
+def test_a_budget_of_samples_ends_as_budget() -> None:
+    s = strategy("standard", 2, max_samples=2)
+    check = s.stop([done(0, "4", temperature=0), done(1, "5")])
+    assert check.stop and check.reason == "budget"
+    assert strategy("standard", 2).stop([done(0, "4"), done(1, "5")]).reason == "complete"

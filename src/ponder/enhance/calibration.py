@@ -4,9 +4,11 @@ Two logistic models, fitted by ``bench/quality.py report --write-calibration`` o
 quality benchmark's recorded samples and shipped as package data
 (``calibration.json``):
 
-* per sample: P(this sample's answer is right) from its mean token log-probability,
-  how much of its text repeats itself, its answer type's reasoning signals and whether
-  it hit the token limit;
+* per sample: P(this sample's answer is right) from what the engine gives for free and
+  the task states: its mean token log-probability, how much of its text repeats itself,
+  its answer type's reasoning signals, whether it hit the token limit, its length, its
+  reasoning path, the task type, the answer's form (a whole number; its length), the
+  prompt's length and how many numbers it holds, and whether the sample is greedy;
 * per mode, for the fused result: P(the voted answer is right) from the vote (the
   winner's share of the finished samples, its margin over the runner-up, how many
   samples finished, whether the greedy sample agrees) and the winner's samples (mean
@@ -26,12 +28,13 @@ from __future__ import annotations
 import functools
 import json
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ponder.types import Mode
+from ponder.types import Mode, Sample
 
 __all__ = [
     "RESULT_FEATURES",
@@ -44,7 +47,25 @@ __all__ = [
     "sample_features",
 ]
 
-SAMPLE_FEATURES = ("mean_logprob", "signals", "truncated", "repetition")
+SAMPLE_FEATURES = (
+    "mean_logprob",
+    "signals",
+    "truncated",
+    "repetition",
+    "log_tokens",
+    "pot",
+    "decompose",
+    "choice",
+    "text",
+    "code",
+    "integer",
+    "log_answer_chars",
+    "log_prompt_chars",
+    "log_prompt_numbers",
+    "greedy",
+    "logprob_text",
+    "logprob_choice",
+)
 RESULT_FEATURES = (
     "share",
     "margin",
@@ -56,6 +77,8 @@ RESULT_FEATURES = (
 )
 #: log-probabilities below this are clipped (a degenerate sample must not dominate)
 _LOGPROB_FLOOR = -5.0
+_NUMBER = re.compile(r"\d+(?:\.\d+)?")
+_INTEGER = re.compile(r"-?\d+")
 
 
 @dataclass(frozen=True)
@@ -127,18 +150,35 @@ def _logprob(value: float | None) -> float:
 
 
 def sample_features(
-    mean_logprob: float | None, signals: float, finish_reason: str | None, text: str = ""
+    sample: Sample, signals: float, task_type: str, prompt: str
 ) -> dict[str, float]:
-    """A sample's features: its mean token log-probability (a looping text is likely
-    token by token, so also ``repetition``: the share of its lines that repeat an earlier
-    one), its answer type's signals, and whether it hit the token limit."""
+    """A finished sample's features (see the module docstring): ``signals`` is its answer
+    type's reasoning signals, ``task_type`` the task's resolved type, ``prompt`` the
+    task's prompt (its text). A looping text is likely token by token, hence
+    ``repetition``: the share of its lines that repeat an earlier one."""
+    text = sample.text or ""
     lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
     repeated = (len(lines) - len(set(lines))) / len(lines) if lines else 0.0
+    logprob = _logprob(sample.mean_logprob)
+    answer = sample.answer or ""
     return {
-        "mean_logprob": _logprob(mean_logprob),
+        "mean_logprob": logprob,
         "signals": signals,
-        "truncated": 1.0 if finish_reason == "length" else 0.0,
+        "truncated": 1.0 if sample.finish_reason == "length" else 0.0,
         "repetition": repeated,
+        "log_tokens": math.log1p(sample.tokens.completion),
+        "pot": 1.0 if sample.path == "pot" else 0.0,
+        "decompose": 1.0 if sample.path == "decompose" else 0.0,
+        "choice": 1.0 if task_type == "choice" else 0.0,
+        "text": 1.0 if task_type == "text" else 0.0,
+        "code": 1.0 if task_type == "code" else 0.0,
+        "integer": 1.0 if _INTEGER.fullmatch(answer.strip()) else 0.0,
+        "log_answer_chars": math.log1p(len(answer)),
+        "log_prompt_chars": math.log1p(len(prompt)),
+        "log_prompt_numbers": math.log1p(len(_NUMBER.findall(prompt))),
+        "greedy": 1.0 if sample.temperature == 0 else 0.0,
+        "logprob_text": logprob if task_type == "text" else 0.0,
+        "logprob_choice": logprob if task_type == "choice" else 0.0,
     }
 
 

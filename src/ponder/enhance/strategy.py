@@ -32,7 +32,17 @@ of :meth:`~ponder.enhance.answers.AnswerType.prepare` and
    confidence, then the higher mean logprob of the group's samples, then the group
    with the lowest sample index. ``result.confidence`` is the calibrated probability
    that the answer is right (:mod:`ponder.enhance.calibration`).
-7. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
+7. Auto mode, a cascade over deep's plan (:meth:`Strategy.wave`, :meth:`Strategy.stop`):
+   stage 1 runs the greedy sample alone and ends the task when its calibrated
+   confidence reaches the target; stage 2 runs one sample on a different reasoning path
+   (program of thought for math, the type's next deep path otherwise) and ends the task
+   when both answers agree and their fused confidence (``1 - (1 - c0)(1 - c1)``) reaches
+   the target; stage 3 runs the rest of the deep plan under the stop rule (the same
+   target: one knob trades tokens for accuracy at every stage). Each stage
+   reuses every earlier sample; its rows run one priority level below the task's
+   (:meth:`Strategy.priority`), so they do not hold back the first answers of newer
+   tasks.
+8. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
    program-of-thought where the answer type allows it), promotes the first sample
    (:meth:`Strategy.priority`), and, when the vote is genuinely split, asks one
    clarifying question
@@ -47,9 +57,9 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Literal
 
-from ponder.config import ModeConfig, Settings
+from ponder.config import NUM_PRIORITIES, ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
 from ponder.enhance.calibration import (
     Calibration,
@@ -62,9 +72,11 @@ from ponder.types import Mode, Result, Sample, SampleStatus, Task, TaskType
 __all__ = [
     "ANYTIME_MODES",
     "CONFIDENCE_POWER",
+    "ESCALATIONS",
     "GREEDY_WEIGHT",
     "Fusion",
     "StopCheck",
+    "StopReason",
     "Strategy",
     "create_strategy",
     "leader_probability",
@@ -86,7 +98,9 @@ PRELIMINARY_INTERVAL_S = 0.5
 #: the longest clarifying question accepted from the model
 MAX_QUESTION_CHARS = 240
 #: the modes that give a preliminary answer while samples run
-ANYTIME_MODES = frozenset({Mode.standard, Mode.deep})
+ANYTIME_MODES = frozenset({Mode.standard, Mode.deep, Mode.auto})
+#: auto mode: the escalation that starts stage 2, and the one that starts stage 3
+ESCALATIONS = ("second_path", "deep_plan")
 
 #: how a question opens: a question word or an auxiliary verb
 _ASKS = re.compile(
@@ -94,6 +108,9 @@ _ASKS = re.compile(
     r"could|should|would|will|shall|may|might|must|have|has|had)\b",
     re.IGNORECASE,
 )
+
+
+StopReason = Literal["confident", "decided", "budget", "complete", "deadline"]
 
 
 def sample_seed(task_id: str, index: int) -> int:
@@ -132,8 +149,11 @@ def leader_probability(counts: Sequence[int]) -> float:
 @dataclass(frozen=True)
 class StopCheck:
     stop: bool
-    #: the estimated probability that the leader stays the leader
+    #: the estimated probability that the leader stays the leader (auto mode's first
+    #: stages: the stage's calibrated confidence)
     probability: float
+    #: why sampling stops (``Result.stop_reason``); None while it goes on
+    reason: StopReason | None = None
 
 
 @dataclass
@@ -157,6 +177,13 @@ class _Group:
 
 def _done(samples: Sequence[Sample]) -> list[Sample]:
     return [s for s in samples if s.status == SampleStatus.done]
+
+
+def _ended(samples: Sequence[Sample]) -> int:
+    """Samples that ran to an end (done, failed, timed out; not skipped or cancelled)."""
+    return sum(
+        s.status in (SampleStatus.done, SampleStatus.error, SampleStatus.timeout) for s in samples
+    )
 
 
 def _display(answer: str) -> str:
@@ -189,6 +216,8 @@ class Strategy:
         self.mode = Mode(task.mode)
         #: a preliminary answer while samples run
         self.anytime = self.mode in ANYTIME_MODES
+        #: auto mode's cascade (module docstring, step 7)
+        self.cascade = self.mode == Mode.auto
         self.config: ModeConfig = settings.mode(task.mode)
         self.calibration = calibration or default_calibration(settings.model)
         self.task_type = resolve_task_type(task)
@@ -198,6 +227,8 @@ class Strategy:
         self.confidence_power = CONFIDENCE_POWER
         self._clock = clock
         self._last_preliminary: tuple[str | None, float, float] | None = None
+        #: auto mode: the last stage a preliminary answer was given for
+        self._preliminary_stage = 0
 
     # --- planning -----------------------------------------------------------------------
     @property
@@ -212,20 +243,28 @@ class Strategy:
     def plan(self) -> list[Sample]:
         """The task's samples (sample 0 greedy when there are several)."""
         task = self.task
-        paths = self._paths()
+        paths = self.sample_paths(task.samples_planned)
         return [
             Sample(
                 index=i,
-                path=paths[i % len(paths)],
+                path=paths[i],
                 temperature=0.0 if i == 0 and task.samples_planned > 1 else task.temperature,
                 seed=sample_seed(task.id, i),
             )
             for i in range(task.samples_planned)
         ]
 
-    def _paths(self) -> list[str]:
-        """The mode's ``paths``; a path the answer type does not allow runs as cot."""
-        return [p if p in self.answers.paths else "cot" for p in self.config.paths]
+    def sample_paths(self, planned: int) -> list[str]:
+        """The path of each planned sample: the mode's ``paths`` in turn, a path the answer
+        type does not allow run as cot. Auto mode's second sample (stage 2) takes the
+        first other path the type allows, moved forward from its place in deep's order."""
+        cycle = [p if p in self.answers.paths else "cot" for p in self.config.paths]
+        paths = [cycle[i % len(cycle)] for i in range(planned)]
+        if self.cascade and planned > 2:
+            other = next((i for i, p in enumerate(paths) if i > 0 and p != paths[0]), None)
+            if other is not None:
+                paths.insert(1, paths.pop(other))
+        return paths
 
     def window(self, planned: int) -> int:
         """How many samples run at once while the vote is open: all of them without early
@@ -235,11 +274,25 @@ class Strategy:
             return planned
         return min(planned, planned // 2 + 1, self.settings.early_stop_window)
 
+    def wave(self, samples: Sequence[Sample]) -> int:
+        """How many samples run at once now: :meth:`window`; in auto mode one at a time
+        through stages 1 and 2 (until two samples ran), then deep's window."""
+        if self.cascade and _ended(samples) < 2:
+            return 1
+        return self.window(len(samples))
+
+    def stage(self, samples: Sequence[Sample]) -> int:
+        """Auto mode: the stage the samples that ran belong to (1, 2 or 3)."""
+        return min(3, max(1, _ended(samples)))
+
     def priority(self, sample: Sample) -> int:
         """The engine priority of a sample (0 is the most urgent): the first sample of a
-        ``progressive`` mode (deep, by default) is promoted for an early answer."""
+        ``progressive`` mode (deep, by default) is promoted for an early answer; auto
+        mode's escalation rows (stages 2 and 3) run one level below the task's."""
         if sample.index == 0 and self.config.progressive:
             return max(0, self.task.priority - self.settings.promote_first_by)
+        if self.cascade and sample.index > 0:
+            return min(NUM_PRIORITIES - 1, self.task.priority + 1)
         return self.task.priority
 
     def messages(self, sample: Sample) -> list[dict[str, Any]]:
@@ -282,11 +335,12 @@ class Strategy:
         """P(this sample's answer is right); 0 without an answer."""
         if sample.answer is None:
             return 0.0
+        return round(self.calibration.sample_confidence(self.sample_features(sample)), 4)
+
+    def sample_features(self, sample: Sample) -> dict[str, float]:
+        """What the sample's confidence is computed from (:mod:`ponder.enhance.calibration`)."""
         signals = self.answers.signals(sample.text or "", sample.answer)
-        features = sample_features(
-            sample.mean_logprob, signals, sample.finish_reason, sample.text or ""
-        )
-        return round(self.calibration.sample_confidence(features), 4)
+        return sample_features(sample, signals, self.task_type.value, task_prompt(self.task))
 
     # --- the vote -----------------------------------------------------------------------
     def _weight(self, sample: Sample) -> float:
@@ -346,6 +400,9 @@ class Strategy:
             chosen_sample=chosen.index,
             reasoning=_reasoning(chosen.text or ""),
         )
+        if self.cascade:
+            result.stage = self.stage(samples)
+            result.escalations = list(ESCALATIONS[: result.stage - 1])
         contested = self._contested(ranked) if self.config.clarify else []
         return Fusion(result=result, contested=contested, features=features)
 
@@ -366,21 +423,47 @@ class Strategy:
         """After a finished sample: whether the rest of the samples can be skipped."""
         remaining = sum(s.status in (SampleStatus.queued, SampleStatus.running) for s in samples)
         voters = [s for s in _done(samples) if s.answer is not None]
+        if self.cascade and remaining and _ended(samples) < 3:
+            return self._stage_check(samples, voters)
         if not voters:
-            return StopCheck(remaining == 0, 0.0)
+            return StopCheck(remaining == 0, 0.0, self._ran_out(samples) if not remaining else None)
         sizes = sorted(
             (len(g) for g in group_answers([s.answer for s in voters], self.task_type)),
             reverse=True,
         )
         probability = leader_probability(sizes)
         if remaining == 0:
-            return StopCheck(True, probability)
+            return StopCheck(True, probability, self._ran_out(samples))
         if not self.early_stop:
             return StopCheck(False, probability)
         runner_up = sizes[1] if len(sizes) > 1 else 0
         if sizes[0] > runner_up + remaining:
-            return StopCheck(True, 1.0)
-        return StopCheck(probability >= self.target_confidence, probability)
+            return StopCheck(True, 1.0, "decided")
+        if probability >= self.target_confidence:
+            return StopCheck(True, probability, "confident")
+        return StopCheck(False, probability)
+
+    def _stage_check(self, samples: Sequence[Sample], voters: Sequence[Sample]) -> StopCheck:
+        """Auto mode after stage 1 or 2: stop when the stage's confidence reaches the target
+        (stage 1: the greedy sample's; stage 2: both answers agree, fused)."""
+        if not self.early_stop:
+            return StopCheck(False, 0.0)
+        if _ended(samples) == 1:
+            confidence = (voters[0].confidence or 0.0) if voters else 0.0
+        elif (
+            len(voters) == 2 and len(group_answers([s.answer for s in voters], self.task_type)) == 1
+        ):
+            confidence = 1.0 - math.prod(1.0 - (s.confidence or 0.0) for s in voters)
+        else:
+            confidence = 0.0
+        stop = confidence >= self.target_confidence
+        return StopCheck(stop, confidence, "confident" if stop else None)
+
+    def _ran_out(self, samples: Sequence[Sample]) -> StopReason:
+        """Why sampling ended when no sample is left: the budget when ``max_samples``
+        allowed no more, else every planned sample ran."""
+        cap = self.task.max_samples
+        return "budget" if cap is not None and len(samples) >= cap else "complete"
 
     def saved(self, samples: Sequence[Sample]) -> tuple[int, int]:
         """(samples, tokens) the stop rule saved: skipped samples, times the mean
@@ -393,24 +476,29 @@ class Strategy:
     # --- anytime answers ----------------------------------------------------------------
     def preliminary(self, samples: Sequence[Sample]) -> Result | None:
         """A new preliminary answer when the leader or its confidence changed (at most one
-        per :data:`PRELIMINARY_INTERVAL_S`); None otherwise."""
+        per :data:`PRELIMINARY_INTERVAL_S`); in auto mode also after each stage that
+        ended. None otherwise."""
         if not self.anytime:
             return None
         now = self._clock()
+        stage_ended = self.cascade and self.stage(samples) != self._preliminary_stage
         last = self._last_preliminary
-        if last is not None and now - last[2] < PRELIMINARY_INTERVAL_S:
+        if not stage_ended and last is not None and now - last[2] < PRELIMINARY_INTERVAL_S:
             return None
         fusion = self.fuse(samples)
         if fusion is None:
             return None
         result = fusion.result
         if (
-            last is not None
+            not stage_ended
+            and last is not None
             and last[0] == result.answer
             and abs(last[1] - result.confidence) < PRELIMINARY_STEP
         ):
             return None
         self._last_preliminary = (result.answer, result.confidence, now)
+        if self.cascade:
+            self._preliminary_stage = self.stage(samples)
         return result
 
     # --- clarification ------------------------------------------------------------------
@@ -479,6 +567,6 @@ def create_strategy(
         Mode(task.mode)
     except ValueError:
         raise ValueError(
-            f"Unknown mode: {task.mode!r}; expected one of fast, standard, deep"
+            f"Unknown mode: {task.mode!r}; expected one of {', '.join(Mode)}"
         ) from None
     return Strategy(task, settings, calibration=calibration)

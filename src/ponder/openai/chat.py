@@ -62,6 +62,9 @@ class ChatCompletionRequest(BaseModel):
     task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     timeout_s: float | None = Field(default=None, gt=0)
+    target_confidence: float | None = Field(default=None, gt=0, le=1)
+    max_samples: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
 
     def stops(self) -> list[str]:
         stops = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
@@ -111,6 +114,9 @@ def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tup
         "max_new_tokens": req.max_completion_tokens or req.max_tokens,
         "temperature": req.temperature,
         "timeout_s": req.timeout_s,
+        "target_confidence": req.target_confidence,
+        "max_samples": req.max_samples,
+        "max_total_tokens": req.max_total_tokens,
         "stop": req.stops(),
     }
     return req, task_request(fields, prefix)

@@ -20,7 +20,7 @@ from ponder import admission
 from ponder.config import SERVED_MODELS, Settings
 from ponder.errors import AdmissionError, Refusal
 from ponder.schemas import TaskCreate
-from ponder.types import Mode, Task, TaskStatus
+from ponder.types import DEFAULT_MODE, Mode, Task, TaskStatus
 
 __all__ = [
     "OpenAIError",
@@ -146,11 +146,11 @@ def openai_usage(task: Task) -> tuple[int, int]:
 
 def mode_of(model: str, mode: Mode | None) -> Mode:
     """The mode a request asks for: its ``mode`` field, else the model name
-    (``ponder-fast|standard|deep``), else ``standard``."""
+    (``ponder-fast|standard|deep|auto``), else :data:`~ponder.types.DEFAULT_MODE`."""
     if mode is not None:
         return mode
     suffix = model.removeprefix("ponder-")
-    return Mode(suffix) if suffix != model and suffix in Mode.__members__ else Mode.standard
+    return Mode(suffix) if suffix != model and suffix in Mode.__members__ else DEFAULT_MODE
 
 
 def text_of(content: Any, where: str) -> str:

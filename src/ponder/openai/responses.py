@@ -86,6 +86,9 @@ class ResponseCreateRequest(BaseModel):
     priority: int = Field(default=3, ge=0, le=5)
     samples: int | None = Field(default=None, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
+    target_confidence: float | None = Field(default=None, gt=0, le=1)
+    max_samples: int | None = Field(default=None, ge=1)
+    max_total_tokens: int | None = Field(default=None, ge=1)
     stop: str | list[str] | None = None
     webhook_url: str | None = Field(default=None, max_length=2000)
 
@@ -173,6 +176,9 @@ def parse_response_body(
         "max_new_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "timeout_s": req.timeout_s,
+        "target_confidence": req.target_confidence,
+        "max_samples": req.max_samples,
+        "max_total_tokens": req.max_total_tokens,
         "stop": [s for s in stops if s],
         "metadata": req.metadata,
     }
