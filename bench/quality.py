@@ -102,6 +102,16 @@ GREEDY_WEIGHTS = (1.0, 1.25, 1.5, 2.0, 3.0)
 #: L2 strengths tried for the result models (with or without the Laplace cap)
 L2_GRID = (0.01, 0.1, 1.0, 10.0)
 CONFIDENCE_POWERS = (0.0, 1.0, 2.0, 4.0)
+#: auto mode's targets replayed; its default is the smallest at which every model's fit
+#: half gains AUTO_GAIN over standard N=5 (``fit_auto_target``)
+AUTO_TARGETS = (0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9)
+AUTO_GAIN = 0.02
+#: the service's default target (ponder.config.AUTO_TARGET): the goals are judged on it
+AUTO_DEFAULT = SETTINGS.mode("auto").target_confidence
+#: the single-sample model's features before this revision (the AUROC/ECE comparison)
+OLD_SAMPLE_FEATURES = ("mean_logprob", "signals", "truncated", "repetition")
+#: L2 strengths tried for the sample model (2-fold cross-validation, log loss)
+SAMPLE_L2_GRID = (0.1, 1.0, 10.0)
 
 
 def peer_path(model: str) -> Path:
@@ -190,6 +200,10 @@ class ModelReport:
         rows = self.configs[name]
         return sum(o.samples for o in rows) / len(rows) if rows else float("nan")
 
+    def tokens_per_problem(self, name: str) -> float:
+        rows = self.configs[name]
+        return sum(o.tokens for o in rows) / len(rows) if rows else float("nan")
+
     def tokens_per_correct(self, name: str) -> float:
         rows = self.configs[name]
         correct = sum(o.correct for o in rows)
@@ -262,6 +276,12 @@ def replay_all(rep: ModelReport) -> None:
         "deep N=5, stop rule on",
         lambda x: r.run(x, "deep", list(range(5)), early_stop=True),
     )
+    for target in AUTO_TARGETS:
+        rep.add(
+            f"auto@{target}",
+            f"auto (greedy → second path → deep + stop rule), target {target}",
+            lambda x, t=target: r.auto(x, t),
+        )
 
 
 def add_optillm_offline(rep: ModelReport) -> None:
@@ -307,8 +327,10 @@ def peer_outcomes(rep: ModelReport, scorer: Scorer) -> list[Outcome]:
 def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[str, Any]]:
     """Fit the sample model, choose the vote weights, fit the result models — all on
     the fit half (half 0) of every model's problems."""
-    rows = [(f, c) for rep in reports for f, c, _m in rep.replayer.sample_rows(half=0)]
-    sample_model = fit_logistic(rows, SAMPLE_FEATURES)
+    keyed = [(f, c, k) for rep in reports for f, c, k in rep.replayer.sample_rows(half=0)]
+    rows = [(f, c) for f, c, _ in keyed]
+    sample_l2 = min(SAMPLE_L2_GRID, key=lambda l2: cv_log_loss(keyed, SAMPLE_FEATURES, l2))
+    sample_model = fit_logistic(rows, SAMPLE_FEATURES, l2=sample_l2)
     prior = default_calibration()
     calibration = Calibration(sample_model, prior.modes, {})
     for rep in reports:
@@ -331,6 +353,7 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
         "fast": [],
         "standard": [],
         "deep": [],
+        "auto": [],
     }
     for rep in reports:
         r = rep.replayer
@@ -348,10 +371,14 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
                 for es in (False, True):
                     o = r.run(x, "deep", list(range(n)), early_stop=es)
                     results["deep"].append((o.features, o.correct, x["key"]))
+            for target in AUTO_TARGETS:
+                o = r.auto(x, target)
+                results["auto"].append((o.features, o.correct, x["key"]))
     names = {
         "fast": ("mean_logprob", "signals", "sample_confidence"),
         "standard": RESULT_FEATURES,
         "deep": RESULT_FEATURES,
+        "auto": RESULT_FEATURES,
     }
     modes, choices = {}, {}
     for mode, rows_m in results.items():
@@ -365,10 +392,57 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
             1 for rep in reports for x in rep.records if half_of(x["key"]) == 0
         ),
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
+        "sample_model": {"l2": sample_l2},
         "result_models": choices,
     }
     targets = {"targets": fit_targets(reports), "deep_targets": fit_targets(reports, "deep", 5)}
     return Calibration(sample_model, modes, info), {"grid": grid, **targets}
+
+
+def cv_log_loss(
+    rows: Sequence[tuple[dict[str, float], bool, str]], names: Sequence[str], l2: float
+) -> float:
+    """Mean held-back log loss of a logistic fit, 2-fold cross-validation inside the fit
+    half (folds by problem)."""
+    total, n = 0.0, 0
+    for fold in (0, 1):
+        model = fit_logistic([(f, c) for f, c, k in rows if fold_of(k) != fold], names, l2=l2)
+        for f, c, k in rows:
+            if fold_of(k) == fold:
+                p = min(1 - 1e-9, max(1e-9, model.predict(f)))
+                total -= math.log(p if c else 1 - p)
+                n += 1
+    return total / max(1, n)
+
+
+def auto_targets(
+    reports: Sequence[ModelReport], half: int
+) -> dict[str, dict[float, tuple[float, float]]]:
+    """Per model, auto's (accuracy, tokens per problem as a share of standard N=5's) at
+    each target on one half, with ``standard`` (N=5) as the key ``0.0``."""
+    out: dict[str, dict[float, tuple[float, float]]] = {}
+    for rep in reports:
+        r = rep.replayer
+        part = [x for x in rep.records if half_of(x["key"]) == half]
+        std = [r.run(x, "standard", list(range(5))) for x in part]
+        std_tokens = sum(o.tokens for o in std) / len(part)
+        table = {0.0: (sum(o.correct for o in std) / len(part), 1.0)}
+        for target in AUTO_TARGETS:
+            runs = [r.auto(x, target) for x in part]
+            tokens = sum(o.tokens for o in runs) / len(part)
+            table[target] = (sum(o.correct for o in runs) / len(part), tokens / std_tokens)
+        out[rep.model] = table
+    return out
+
+
+def fit_auto_target(tables: dict[str, dict[float, tuple[float, float]]]) -> float:
+    """Auto's default target, from the fit half: the smallest target at which every
+    model's accuracy is at least standard N=5's + :data:`AUTO_GAIN` (the most accurate
+    target when none is)."""
+    for target in AUTO_TARGETS:
+        if all(t[target][0] >= t[0.0][0] + AUTO_GAIN for t in tables.values()):
+            return target
+    return max(AUTO_TARGETS, key=lambda x: sum(t[x][0] for t in tables.values()))
 
 
 def fold_of(key: str) -> int:
@@ -442,8 +516,13 @@ def fit_targets(
 def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float, bool]]]:
     """(stated confidence, correct) per mode on the held-out half: fast = the greedy and
     one sampled answer alone; standard = N=3, and N=5 and N=8 with the stop rule; deep =
-    N=5 with the stop rule."""
-    pairs: dict[str, list[tuple[float, bool]]] = {"fast": [], "standard": [], "deep": []}
+    N=5 with the stop rule; auto = its default target."""
+    pairs: dict[str, list[tuple[float, bool]]] = {
+        "fast": [],
+        "standard": [],
+        "deep": [],
+        "auto": [],
+    }
     for rep in reports:
         r = rep.replayer
         for x in rep.records:
@@ -456,7 +535,48 @@ def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float
                 pairs["standard"].append((o.confidence or 0.0, o.correct))
             o = r.run(x, "deep", list(range(5)), early_stop=True)
             pairs["deep"].append((o.confidence or 0.0, o.correct))
+            o = r.auto(x, AUTO_DEFAULT)
+            pairs["auto"].append((o.confidence or 0.0, o.correct))
     return pairs
+
+
+def auroc(pairs: Sequence[tuple[float, bool]]) -> float:
+    """The area under the ROC curve of a score for right (True) against wrong answers:
+    P(a right answer's score > a wrong one's), ties counted half."""
+    right = [p for p, y in pairs if y]
+    wrong = [p for p, y in pairs if not y]
+    if not right or not wrong:
+        return float("nan")
+    wins = sum((a > b) + 0.5 * (a == b) for a in right for b in wrong)
+    return wins / (len(right) * len(wrong))
+
+
+def greedy_confidence(
+    reports: Sequence[ModelReport],
+) -> dict[str, dict[str, tuple[float, float]]]:
+    """Per model, (AUROC, ECE) of the greedy sample's confidence on the held-out half:
+    ``before`` with the sample model of the features before this revision (refitted on
+    the same fit half), ``after`` with today's."""
+    out: dict[str, dict[str, tuple[float, float]]] = {}
+    for rep in reports:
+        r = rep.replayer
+        keyed = [row for row in r.sample_rows(half=0)]
+        before = fit_logistic([(f, c) for f, c, _ in keyed], OLD_SAMPLE_FEATURES)
+        scores: dict[str, list[tuple[float, bool]]] = {"before": [], "after": []}
+        for x in rep.records:
+            if half_of(x["key"]) != 1:
+                continue
+            strategy = r.strategy(x, "standard", 1, "fast")
+            (sample,) = r.samples(strategy, x["runs"]["standard"]["samples"][:1])
+            if sample.status.value != "done":
+                continue
+            right = sample.answer is not None and r.correct(x, sample.answer)
+            features = strategy.sample_features(sample)
+            old = before.predict(features) if sample.answer is not None else 0.0
+            scores["before"].append((old, right))
+            scores["after"].append((sample.confidence or 0.0, right))
+        out[rep.model] = {k: (auroc(v), ece(v)[0]) for k, v in scores.items()}
+    return out
 
 
 def live_check(rep: ModelReport) -> tuple[int, int, int]:
@@ -565,6 +685,9 @@ PAIRS = (
     ("deep", "ponder@5"),
     ("deep-stop", "deep"),
     ("ponder@5-sampled", "optillm-offline"),
+    (f"auto@{AUTO_DEFAULT}", "ponder@5"),
+    (f"auto@{AUTO_DEFAULT}", "deep"),
+    (f"auto@{AUTO_DEFAULT}", "greedy"),
 )
 
 
@@ -645,6 +768,7 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
                 "not measured",
             )
         )
+    rows += auto_goals(rep)
     if "optillm-offline" in rep.configs:
         better = rep.acc("ponder@5-sampled") >= rep.acc("optillm-offline")
         rows.append(
@@ -657,13 +781,86 @@ def goals(rep: ModelReport, peer: list[Outcome]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def auto_goals(rep: ModelReport) -> list[tuple[str, str, str]]:
+    """The auto issue's goals for this model (held-out view): Qwen: +2 points over
+    standard N=5 at <= 40 % of its tokens, and a higher target within 1 point of deep at
+    <= 60 % of deep's tokens; SmolLM2: +5 points over standard N=5."""
+    auto, std, deep = f"auto@{AUTO_DEFAULT}", "ponder@5", "deep"
+    share = rep.tokens_per_problem(auto) / rep.tokens_per_problem(std)
+    gain = 100 * (rep.acc(auto) - rep.acc(std))
+    rows = []
+    if rep.model.startswith("smollm2"):
+        rows.append(
+            (
+                f"auto (target {AUTO_DEFAULT}) >= standard N=5 + 5 points",
+                f"{compare(rep, auto, std)}; {gain:+.1f} points",
+                "met" if gain >= 5 else "**not met**",
+            )
+        )
+        return rows
+    rows.append(
+        (
+            f"auto (target {AUTO_DEFAULT}) >= standard N=5 + 2 points at <= 40 % of its tokens",
+            f"{compare(rep, auto, std)}; {gain:+.1f} points at {100 * share:.0f} % of "
+            f"standard's tokens ({rep.tokens_per_problem(auto):.0f} vs "
+            f"{rep.tokens_per_problem(std):.0f} per problem)",
+            "met" if gain >= 2 and share <= 0.40 else "**not met**",
+        )
+    )
+    deep_tokens = rep.tokens_per_problem(deep)
+    best: tuple[str, str] | None = None
+    for target in (t for t in AUTO_TARGETS if t > AUTO_DEFAULT):
+        name = f"auto@{target}"
+        t = mcnemar(rep.configs[name], rep.configs[deep])
+        close = rep.acc(name) >= rep.acc(deep) - 0.01 and not (t.p_value < 0.05 and t.diff < 0)
+        cheap = rep.tokens_per_problem(name) <= 0.60 * deep_tokens
+        text = (
+            f"target {target}: {compare(rep, name, deep)}; "
+            f"{100 * rep.tokens_per_problem(name) / deep_tokens:.0f} % of deep's tokens"
+        )
+        if close and cheap:
+            best = (text, "met")
+            break
+        if close and best is None:
+            best = (text, "**not met** (tokens)")
+    rows.append(
+        (
+            "moonshot: auto at a higher target within 1 point of deep N=5 (not significantly "
+            "lower) at <= 60 % of deep's tokens",
+            best[0] if best else "no target within 1 point of deep",
+            best[1] if best else "**not met**",
+        )
+    )
+    return rows
+
+
+def cost_table(rep: ModelReport) -> list[str]:
+    """Accuracy against completion tokens per problem (the held-out view)."""
+    std, deep = rep.tokens_per_problem("ponder@5"), rep.tokens_per_problem("deep")
+    names = ["greedy", *(f"ponder@{n}" for n in (2, 3, 5, 8)), "stop@5", "deep", "deep-stop"]
+    names += [f"auto@{t}" for t in AUTO_TARGETS]
+    lines = [
+        "| policy | accuracy % | completion tokens per problem | vs standard N=5 | vs deep | "
+        "mean samples |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name in names:
+        mark = " (default)" if name == f"auto@{AUTO_DEFAULT}" else ""
+        tokens = rep.tokens_per_problem(name)
+        lines.append(
+            f"| `{name}`{mark} | {pct(rep.acc(name))} | {tokens:.0f} | {100 * tokens / std:.0f} % "
+            f"| {100 * tokens / deep:.0f} % | {rep.mean_samples(name):.2f} |"
+        )
+    return lines
+
+
 def plot(reports: Sequence[ModelReport], eces: dict[str, Any], png: Path) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5))
+    fig, axes = plt.subplots(1, 3, figsize=(19, 5.5))
     ax = axes[0]
     for i, rep in enumerate(reports):
         color = plt.get_cmap("tab10")(i)
@@ -708,6 +905,30 @@ def plot(reports: Sequence[ModelReport], eces: dict[str, Any], png: Path) -> Non
     ax.set_title("reliability of result.confidence")
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
+    ax = axes[2]
+    for i, rep in enumerate(reports):
+        held = rep.held_out()
+        color = plt.get_cmap("tab10")(i)
+        points = {
+            "greedy": ("o", "greedy"),
+            "ponder@5": ("s", "standard N=5"),
+            "deep": ("D", "deep"),
+            "deep-stop": ("d", "deep + stop"),
+        }
+        for name, (marker, label) in points.items():
+            ax.plot(held.tokens_per_problem(name), 100 * held.acc(name), marker, color=color,
+                    ms=8, label=f"{rep.model}: {label}")  # fmt: skip
+        xs = [held.tokens_per_problem(f"ponder@{n}") for n in range(2, 10)]
+        ax.plot(xs, [100 * held.acc(f"ponder@{n}") for n in range(2, 10)], ":", color=color)
+        autos = [f"auto@{t}" for t in AUTO_TARGETS]
+        ax.plot([held.tokens_per_problem(a) for a in autos], [100 * held.acc(a) for a in autos],
+                "^-", color=color, label=f"{rep.model}: auto (targets {AUTO_TARGETS[0]}-"
+                f"{AUTO_TARGETS[-1]})")  # fmt: skip
+    ax.set_xlabel("completion tokens per problem (held-out half)")
+    ax.set_ylabel("accuracy %")
+    ax.set_title("cost and accuracy (dotted: standard N=2..9)")
+    ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=110)
     plt.close(fig)
@@ -737,8 +958,12 @@ def report(args: argparse.Namespace) -> int:
         rep.replayer.calibration = fitted[rep.model]
         replay_all(rep)
         add_optillm_offline(rep)
+    fit_info["auto_targets"] = auto_targets(reports, half=0)
     pairs = held_out_pairs(reports)
     eces = {m: ece(p) for m, p in pairs.items()}
+    fit_info["greedy"] = greedy_confidence(reports)
+    fit_info["sample_l2"] = pooled.info["sample_model"]["l2"]
+    fit_info["auto_target"] = fit_auto_target(fit_info["auto_targets"])
     per_model = {
         rep.model: {m: ece(p) for m, p in held_out_pairs([rep]).items()} for rep in reports
     }
@@ -830,6 +1055,15 @@ def write_report(
         lines += [f"| {g} | {m} | {v} |" for g, m, v in goals(held, held_peer)]
         lines += [
             "",
+            f"### Cost and accuracy: the held-out half ({len(held.records)} problems)",
+            "",
+            "Completion tokens per problem of every sample that ran (auto and deep reuse the "
+            "recorded deep run, whose sample 0 is standard's greedy sample).",
+            "",
+            *cost_table(held),
+        ]
+        lines += [
+            "",
             "### Accuracy",
             "",
             f"Held-out half ({len(held.records)} problems: the verdicts) and all {n} problems "
@@ -914,18 +1148,20 @@ def write_report(
         "problem key); "
         f"rows of the pooled fit: {calibration.info.get('rows')}. Expected calibration error "
         "(10 bins) on the held-out half — fast: the greedy and one sampled answer alone; "
-        "standard: N=3, and N=5 and N=8 with the stop rule; deep: N=5 with the stop rule:"
+        "standard: N=3, and N=5 and N=8 with the stop rule; deep: N=5 with the stop rule; "
+        f"auto: its default target {AUTO_DEFAULT} (goal <= 0.08):"
     )
     models = list(per_model)
     lines += [
         "",
         "| mode | " + " | ".join(f"{m}: ECE (results)" for m in models) + " | all models "
-        "(each its own fit) | verdict (<= 0.10 for every model) |",
+        "(each its own fit) | verdict (<= 0.10 for every model; auto <= 0.08) |",
         "|---|" + "---:|" * (len(models) + 1) + "---|",
     ]
     for mode, (value, n) in eces.items():
         cells = [f"{per_model[m][mode][0]:.3f} ({per_model[m][mode][1]})" for m in models]
-        ok = all(per_model[m][mode][0] <= 0.10 for m in models)
+        line = 0.08 if mode == "auto" else 0.10  # the auto issue's goal
+        ok = all(per_model[m][mode][0] <= line for m in models)
         lines.append(
             f"| {mode} | " + " | ".join(cells) + f" | {value:.3f} ({n}) | "
             f"{'met' if ok else '**not met**'} |"
@@ -942,6 +1178,32 @@ def write_report(
             )
             for model, choices in fit_info["result_models"].items()
         )
+        + ".",
+        "",
+        "The greedy sample's confidence on the held-out half, before (the sample model of "
+        f"{', '.join(OLD_SAMPLE_FEATURES)}, refitted on the same fit half) and after (the "
+        f"features of `SAMPLE_FEATURES`, L2 {fit_info['sample_l2']} by 2-fold "
+        "cross-validation): the goal is AUROC >= 0.80 on qwen0.5b.",
+        "",
+        "| model | AUROC before | AUROC after | ECE before | ECE after |",
+        "|---|---:|---:|---:|---:|",
+        *(
+            f"| {model} | {v['before'][0]:.3f} | {v['after'][0]:.3f} | {v['before'][1]:.3f} "
+            f"| {v['after'][1]:.3f} |"
+            for model, v in fit_info["greedy"].items()
+        ),
+        "",
+        "Auto's targets on the fit half (accuracy %, tokens per problem as % of standard "
+        "N=5's; `0.0` is standard N=5 itself): "
+        + "; ".join(
+            f"{model}: "
+            + ", ".join(f"{t}: {pct(a)} / {100 * c:.0f}" for t, (a, c) in table.items())
+            for model, table in fit_info["auto_targets"].items()
+        )
+        + f". The rule (`fit_auto_target`: the smallest target that gains {100 * AUTO_GAIN:.0f} "
+        f"points over standard N=5 on every model) picks {fit_info['auto_target']}; the "
+        f"service ships {AUTO_DEFAULT} (`ponder.config.AUTO_TARGET`)"
+        + (" — they differ: update AUTO_TARGET" if fit_info["auto_target"] != AUTO_DEFAULT else "")
         + ".",
         "",
         "Vote weights on the fit half (greedy weight / CISC power: correct at N=3,5,8):",

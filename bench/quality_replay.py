@@ -26,12 +26,13 @@ from ponder.enhance.calibration import (
     SAMPLE_FEATURES,
     Calibration,
     LogisticModel,
-    sample_features,
 )
 from ponder.enhance.strategy import Strategy, create_strategy
 from ponder.types import Sample, SampleStatus, Task, Tokens
 
 SETTINGS: Settings = load_settings(engine="scripted", redis_url=None, node_id="qbench")
+#: deep's recorded plan: auto mode replays it
+DEEP_PLAN = 5
 
 
 @dataclass
@@ -47,6 +48,8 @@ class Outcome:
     confidence: float | None = None
     features: dict[str, float] = field(default_factory=dict)
     greedy_in: bool = False
+    #: auto mode: the stage it ended in
+    stage: int | None = None
 
 
 def half_of(key: str) -> int:
@@ -184,6 +187,7 @@ class Replayer:
             confidence=fusion.result.confidence if fusion else None,
             features=fusion.features if fusion else {},
             greedy_in=any(s.temperature == 0 for s in used),
+            stage=fusion.result.stage if fusion else None,
         )
 
     @staticmethod
@@ -191,13 +195,13 @@ class Replayer:
         """Replay the worker's launch policy; the samples that finished (in ``live``, the
         others end skipped).
 
-        The strategy's window of samples runs at once; the stop rule looks after each
+        The strategy's wave of samples runs at once (auto mode: one at a time through its
+        first two stages); the stop rule looks after each
         finished sample; while the vote is open, the next sample starts. As on the
         continuous engine, a sample ends ``completion_tokens`` steps after it started
         (ties: by index); a prefill or a promoted priority is not modelled.
         """
         planned = len(live)
-        window = strategy.window(planned)
         running: list[tuple[int, int, int]] = []  # (finish step, index, start step)
         started = 0
 
@@ -207,7 +211,7 @@ class Replayer:
             heapq.heappush(running, (at + final[started].tokens.completion, started, at))
             started += 1
 
-        for _ in range(min(window, planned)):
+        while started < planned and len(running) < strategy.wave(live):
             start(0)
         finished: list[int] = []
         while running:
@@ -216,11 +220,27 @@ class Replayer:
             finished.append(index)
             if strategy.stop(live).stop:
                 break
-            while started < planned and len(running) < window:
+            while started < planned and len(running) < strategy.wave(live):
                 start(at)
         for k in set(range(planned)) - set(finished):
             live[k] = live[k].model_copy(update={"status": SampleStatus.skipped})
         return [final[k] for k in finished]
+
+    def auto(self, record: dict[str, Any], target: float | None = None, **kw: Any) -> Outcome:
+        """Auto mode over the record's deep run (its sample 0 is the same greedy sample as
+        standard's): the recorded deep samples in the order of auto's plan (for a type
+        without program of thought, its decompose sample moves to stage 2)."""
+        strategy = self.strategy(record, "deep", DEEP_PLAN, "auto")
+        recorded = [s["path"] for s in record["runs"]["deep"]["samples"]]
+        plan = strategy.sample_paths(len(recorded))
+        mapped = [p if p in strategy.answers.paths else "cot" for p in recorded]
+        indices: list[int] = []
+        for path in plan:
+            i = next(k for k, p in enumerate(mapped) if p == path and k not in indices)
+            indices.append(i)
+        return self.run(
+            record, "deep", indices, as_mode="auto", early_stop=True, target=target, **kw
+        )
 
     def fast(self, record: dict[str, Any], index: int) -> Outcome:
         """Fast mode: the recorded standard sample ``index`` alone (0 is the greedy one)."""
@@ -237,7 +257,7 @@ class Replayer:
         return [fn(r) for r in self.records if half is None or half_of(r["key"]) == half]
 
     def sample_rows(self, half: int | None = None) -> list[tuple[dict[str, float], bool, str]]:
-        """(features, correct, mode) of every recorded sample that finished."""
+        """(features, correct, problem key) of every recorded sample that finished."""
         rows = []
         for record in self.records:
             if half is not None and half_of(record["key"]) != half:
@@ -247,10 +267,12 @@ class Replayer:
                 for s in self.samples(strategy, run["samples"]):
                     if s.status != SampleStatus.done:
                         continue
-                    signals = strategy.answers.signals(s.text or "", s.answer)
-                    feats = sample_features(s.mean_logprob, signals, s.finish_reason, s.text or "")
                     rows.append(
-                        (feats, s.answer is not None and self.correct(record, s.answer), mode)
+                        (
+                            strategy.sample_features(s),
+                            s.answer is not None and self.correct(record, s.answer),
+                            record["key"],
+                        )
                     )
         return rows
 

@@ -8,6 +8,7 @@ import pytest
 
 from ponder.enhance.calibration import (
     RESULT_FEATURES,
+    SAMPLE_FEATURES,
     Calibration,
     LogisticModel,
     default_calibration,
@@ -15,13 +16,30 @@ from ponder.enhance.calibration import (
     result_features,
     sample_features,
 )
+from ponder.types import Sample, Tokens
+
+
+def _sample(
+    mean_logprob: float | None, finish_reason: str, text: str = "", **fields: object
+) -> Sample:
+    return Sample(
+        index=0,
+        temperature=0.0,
+        seed=1,
+        text=text,
+        mean_logprob=mean_logprob,
+        finish_reason=finish_reason,
+        **fields,  # type: ignore[arg-type]
+    )
 
 
 def test_the_shipped_calibration_has_a_model_per_mode() -> None:
     calibration = default_calibration()
-    assert set(calibration.modes) == {"fast", "standard", "deep"}
+    assert set(calibration.modes) == {"fast", "standard", "deep", "auto"}
     assert set(calibration.modes["standard"].coef) <= set(RESULT_FEATURES)
-    assert 0 < calibration.sample_confidence(sample_features(-0.3, 0.8, "stop")) < 1
+    assert set(calibration.sample.coef) == set(SAMPLE_FEATURES)
+    features = sample_features(_sample(-0.3, "stop", "The answer is 4."), 0.8, "math", "2 + 2?")
+    assert 0 < calibration.sample_confidence(features) < 1
 
 
 def test_logistic_model_and_round_trip() -> None:
@@ -54,15 +72,31 @@ def test_a_mode_fitted_without_the_cap_states_its_model_probability() -> None:
 
 
 def test_features_handle_missing_log_probabilities() -> None:
-    assert sample_features(None, 1.0, "length") == {
-        "mean_logprob": -2.5,
-        "signals": 1.0,
-        "truncated": 1.0,
-        "repetition": 0.0,
-    }
+    features = sample_features(_sample(None, "length"), 1.0, "math", "")
+    assert set(features) == set(SAMPLE_FEATURES)
+    assert features["mean_logprob"] == -2.5
+    assert (features["signals"], features["truncated"], features["repetition"]) == (1.0, 1.0, 0.0)
     looping = "Dave is married.\nDave is married.\nDave is married.\nSo 4."
-    assert sample_features(-0.1, 1.0, "length", looping)["repetition"] == 0.5
-    assert sample_features(-40.0, 0.0, "stop")["mean_logprob"] == -5.0
+    assert sample_features(_sample(-0.1, "length", looping), 1.0, "text", "")["repetition"] == 0.5
+    assert sample_features(_sample(-40.0, "stop"), 0.0, "math", "")["mean_logprob"] == -5.0
+
+
+def test_sample_features_describe_path_type_form_and_prompt() -> None:
+    sample = _sample(
+        -0.5, "stop", "x = 12\nprint(x)", path="pot", answer="12",
+        tokens=Tokens(prompt=30, completion=20),
+    )  # fmt: skip
+    f = sample_features(sample, 0.5, "choice", "Pick 3 of 12 or 7?")
+    assert (f["pot"], f["decompose"], f["choice"], f["text"], f["code"]) == (1, 0, 1, 0, 0)
+    assert f["integer"] == 1.0 and f["greedy"] == 1.0
+    assert f["log_tokens"] == pytest.approx(math.log1p(20))
+    assert f["log_answer_chars"] == pytest.approx(math.log1p(2))
+    assert f["log_prompt_chars"] == pytest.approx(math.log1p(len("Pick 3 of 12 or 7?")))
+    assert f["log_prompt_numbers"] == pytest.approx(math.log1p(3))
+    assert f["logprob_choice"] == -0.5 and f["logprob_text"] == 0.0
+    worded = sample.model_copy(update={"answer": "twelve", "temperature": 0.4})
+    g = sample_features(worded, 0.5, "text", "")
+    assert g["integer"] == 0.0 and g["greedy"] == 0.0 and g["logprob_text"] == -0.5
     f = result_features(
         votes=3,
         runner_up=1,
