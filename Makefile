@@ -68,7 +68,7 @@ $(LLAMA_WHEELS)/.built: | $(VENV)/.installed
 
 ## Set up and run the all-in-one service on http://127.0.0.1:8000 (embedded store).
 serve: install
-	$(VENV)/bin/ponder serve
+	exec $(VENV)/bin/ponder serve
 
 ## Set up and run lint and the test suite (against a real Redis, started if none answers).
 test: install-dev

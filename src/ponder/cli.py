@@ -153,10 +153,13 @@ def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
             timeout_graceful_shutdown=grace,
         )
     )
+    # uvicorn re-raises the signal it stopped on once it has shut down (as uvicorn.run):
+    # SIGINT as KeyboardInterrupt, SIGTERM through this handler, so both end with code 0
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         with listener:
             server.run(sockets=[listener])
-    except KeyboardInterrupt:  # uvicorn re-raises the SIGINT it stopped on (as uvicorn.run)
+    except (KeyboardInterrupt, _Terminated):
         pass
     except SystemExit:  # uvicorn's exit when the start-up failed
         error = getattr(application.state, "startup_error", None)
@@ -164,6 +167,14 @@ def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
             raise
         err_console.print(f"[red]error:[/red] {error}")
         raise typer.Exit(EXIT_USAGE) from None
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived: ``ponder serve`` / ``ponder api`` shut down as asked."""
+
+
+def _terminated(signum: int, frame: object) -> None:
+    raise _Terminated
 
 
 def _serve_processes(

@@ -6,8 +6,9 @@ the model library (a SIGFPE, an abort) ends this process alone. The engine keeps
 scheduling (admission by fair share, preemption, time limits, stop strings, streaming
 text); this process only runs the model. It is started by path, not as a module of the
 package: it imports nothing of ponder (numpy and OpenVINO alone), and nothing of the
-parent's ``__main__``. It ignores SIGINT: the engine ends it (``close``, or its end of the
-socket closing), so a Ctrl-C of the service reaches the service alone.
+parent's ``__main__``. It ignores SIGINT and SIGTERM: the engine ends it (``close``, or
+its end of the socket closing), so a Ctrl-C of the service, or a SIGTERM to its process
+group, reaches the service alone, which stops its rows and then ends this process.
 
 The protocol, one request and one answer at a time over a
 :class:`multiprocessing.connection.Connection` on the socket FD it inherits:
@@ -24,10 +25,17 @@ The protocol, one request and one answer at a time over a
   request, e.g. a prompt larger than the KV cache). ``("failed", message)`` when the step
   raised: every request is dropped;
 - ``("close",)``: exit.
+
+Ending, by ``close`` or by the engine's end of the socket closing (its process died), this
+side stops the requests it still runs and steps the pipeline once more, so that their KV
+blocks are released before the pipeline is destroyed (else OpenVINO GenAI's block manager
+reports them leaked on stderr), and exits with code 0 without a word: a closed socket
+(``EOFError``, ``BrokenPipeError``) is the engine's way of saying it went away.
 """
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import sys
 from multiprocessing.connection import Connection
@@ -37,14 +45,18 @@ __all__ = ["serve"]
 
 
 def main() -> None:
+    # Ctrl+C and a SIGTERM sent to the whole process group (make, a terminal, a container
+    # runtime) are for the service, which ends this process when it has stopped its rows
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     conn = Connection(int(sys.argv[1]))
     try:
         serve(conn, conn.recv())
-    except EOFError:  # the engine went away before sending the configuration
+    except (EOFError, OSError):  # the engine went away: nobody is left to answer
         pass
     finally:
-        conn.close()
+        with contextlib.suppress(OSError):
+            conn.close()
 
 
 def serve(conn: Connection, config: dict[str, Any]) -> None:
@@ -58,15 +70,33 @@ def serve(conn: Connection, config: dict[str, Any]) -> None:
     except Exception as e:
         conn.send(("error", " ".join(f"{type(e).__name__}: {e}".split())))
         return
-    conn.send(("ready", {}))
     handles: dict[int, Any] = {}
+    try:
+        conn.send(("ready", {}))
+        _answer(conn, pipe, handles, genai, numpy, openvino)
+    finally:
+        _release(pipe, handles)
+
+
+def _release(pipe: Any, handles: dict[int, Any]) -> None:
+    """Stop the requests still running and let one more step free their KV blocks."""
+    if not handles:
+        return
+    for handle in handles.values():
+        handle.stop()
+    handles.clear()
+    with contextlib.suppress(Exception):
+        pipe.step()
+
+
+def _answer(
+    conn: Connection, pipe: Any, handles: dict[int, Any], genai: Any, numpy: Any, openvino: Any
+) -> None:
+    """Answer the engine's steps until it closes (or goes away: EOFError, OSError)."""
     running = genai.GenerationStatus.RUNNING
     ignored = genai.GenerationStatus.IGNORED
     while True:
-        try:
-            message = conn.recv()
-        except EOFError:  # the engine went away
-            return
+        message = conn.recv()
         if message[0] == "close":
             return
         _, adds, drops = message
