@@ -158,6 +158,7 @@ def test_the_examples_run_against_a_live_service(service: str, tmp_path: Path) -
         index, block = item
         workdir = tmp_path / f"block{index}"
         workdir.mkdir()
+        (workdir / ".venv").symlink_to(Path(sys.prefix))  # as in a clone: `.venv/bin/ponder`
         return _run(block, service, workdir)
 
     with ThreadPoolExecutor(PARALLEL) as pool:
