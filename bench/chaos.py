@@ -15,7 +15,13 @@ never the machine's shared Redis) the script starts one ``ponder api`` and three
   restarted host would have), until every task has ended;
 - SIGKILLs Redis once, 40 % into the submissions, keeps it down ``--redis-down-s`` (3 s)
   and restarts it on the same port and data directory (the AOF brings the data back);
-- cancels 5 % of the accepted tasks, each 0-3 s after its submit.
+- cancels 5 % of the accepted tasks, each 0-3 s after its submit;
+- runs ``--engine-workers`` (1) more ``ponder worker`` with the default engine (OpenVINO
+  GenAI's pipeline in an engine process of its own, SmolLM2-135M, 2 tasks at a time) and
+  SIGKILLs its engine process every ``--engine-kill-s`` (12-20 s), busy or idle as it
+  happens, then once more, idle, after the drain: each death must be logged exactly once
+  (``engine openvino: … died (signal 9); pid N, …``) and the engine live again
+  (``ponder_engine_up`` on the worker's metrics port) before the next.
 
 Then it audits, from the API and from Redis: accepted tasks, how they ended, lost tasks
 (accepted, then unknown: must be 0), tasks finished twice (more than one terminal event in
@@ -261,12 +267,29 @@ class Kill:
 
 
 @dataclass
+class EngineKill:
+    at: float  # seconds into the run
+    worker: str
+    pid: int  # the engine process's
+    busy: bool  # rows were running in it (ponder_engine_rows{state="running"} > 0)
+    noticed_s: float | None = None  # until ponder_engine_up read 0 (None: not seen)
+    back_s: float | None = None  # until it read 1 again (None: not within 120 s)
+
+
+@dataclass
+class EngineWorker:
+    proc: Proc
+    metrics_url: str
+
+
+@dataclass
 class Run:
     args: argparse.Namespace
     url: str = ""
     tasks: list[Submitted] = field(default_factory=list)
     answers: Counter[str] = field(default_factory=Counter)  # "POST 503 unavailable", ...
     kills: list[Kill] = field(default_factory=list)
+    engine_kills: list[EngineKill] = field(default_factory=list)
     details: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # attempts, error
     partial_samples: Counter[str] = field(default_factory=Counter)  # unfinished, in partials
     redis_restart_at: float | None = None
@@ -366,6 +389,81 @@ async def chaos_monkey(
         held = await held_entries(redis_url, prefix, f"{old.name}-w0")
         run.kills.append(Kill(time.monotonic() - run.t0, wall, old.name, held))
         workers[victim] = await start_worker()
+
+
+def engine_pid(worker_pid: int) -> int | None:
+    """The engine process of the worker ``worker_pid`` (its child running
+    openvino_process.py), or None while it has none."""
+    for children in Path(f"/proc/{worker_pid}/task").glob("*/children"):
+        with contextlib.suppress(OSError):
+            for child in children.read_text().split():
+                cmdline = Path(f"/proc/{child}/cmdline").read_bytes()
+                if b"openvino_process.py" in cmdline:
+                    return int(child)
+    return None
+
+
+async def engine_figures(c: httpx.AsyncClient, metrics_url: str) -> dict[str, float]:
+    """``ponder_engine_up`` and the running rows from a worker's metrics port."""
+    text = (await c.get(metrics_url)).text
+    figures: dict[str, float] = {}
+    for line in text.splitlines():
+        if line.startswith('ponder_engine_up{engine="openvino"}'):
+            figures["up"] = float(line.split()[-1])
+        elif line.startswith('ponder_engine_rows{state="running"}'):
+            figures["running"] = float(line.split()[-1])
+    return figures
+
+
+async def kill_engine(run: Run, c: httpx.AsyncClient, worker: EngineWorker) -> None:
+    """SIGKILL the worker's engine process; time until its metrics show it down (the
+    supervisor noticed) and up again (restarted)."""
+    pid = engine_pid(worker.proc.pid)
+    if pid is None:
+        return
+    figures = await engine_figures(c, worker.metrics_url)
+    os.kill(pid, 9)
+    kill = EngineKill(time.monotonic() - run.t0, worker.proc.name, pid, figures["running"] > 0)
+    run.engine_kills.append(kill)
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < 120:  # another process's state: polled
+        with contextlib.suppress(httpx.HTTPError):
+            up = (await engine_figures(c, worker.metrics_url))["up"]
+            if up == 0 and kill.noticed_s is None:
+                kill.noticed_s = time.monotonic() - t0
+            new = engine_pid(worker.proc.pid)  # None while there is none (or a zombie)
+            if up == 1 and (kill.noticed_s is not None or new not in (None, pid)):
+                kill.back_s = time.monotonic() - t0
+                return
+        await asyncio.sleep(0.01)
+
+
+async def engine_monkey(
+    run: Run, engine_workers: list[EngineWorker], rng: random.Random, c: httpx.AsyncClient
+) -> None:
+    """SIGKILL an engine worker's engine process every --engine-kill-s until every task
+    has ended, then once more (idle)."""
+    low, high = (float(x) for x in run.args.engine_kill_s.split(","))
+    while engine_workers and not run.all_ended.is_set():
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(run.all_ended.wait(), rng.uniform(low, high))
+            break
+        await kill_engine(run, c, rng.choice(engine_workers))
+    for worker in engine_workers:
+        await kill_engine(run, c, worker)  # idle: nothing is left to run
+
+
+def engine_deaths_logged(run: Run, engine_workers: list[EngineWorker]) -> dict[int, int]:
+    """Per killed engine pid, how many log lines of its worker report its death."""
+    logs = {w.proc.name: w.proc.log_path.read_text(errors="replace") for w in engine_workers}
+    return {
+        k.pid: sum(
+            1
+            for line in logs.get(k.worker, "").splitlines()
+            if "died (signal 9)" in line and f"pid {k.pid}," in line
+        )
+        for k in run.engine_kills
+    }
 
 
 async def held_entries(redis_url: str, prefix: str, consumer: str) -> list[str] | None:
@@ -602,13 +700,36 @@ async def main(args: argparse.Namespace) -> int:
             env = ponder_env(redis_server.url, prefix, node_id=f"w{n}", **common)
             return await Proc(f"w{n}", worker_argv(log), env, tmp).start()
 
+        engine_workers: list[EngineWorker] = []
+
+        async def start_engine_worker(n: int) -> EngineWorker:
+            metrics_port = free_port()
+            env = ponder_env(
+                redis_server.url,
+                prefix,
+                **{**common, "engine_max_rows": 8},
+                node_id=f"e{n}",
+                engine="openvino",
+                engine_threads=1,
+                worker_max_tasks=2,
+                metrics_port=metrics_port,
+                host="127.0.0.1",
+            )
+            proc = await Proc(f"e{n}", worker_argv(), env, tmp).start()
+            return EngineWorker(proc, f"http://127.0.0.1:{metrics_port}/metrics")
+
         run = Run(args, url=url)
         try:
             await api.start()
             for _ in range(args.workers):
                 workers.append(await start_worker())
-            await wait_ready(url, args.workers)
-            print(f"cluster ready: api {url}, {args.workers} workers, redis {redis_server.url}")
+            for n in range(1, args.engine_workers + 1):
+                engine_workers.append(await start_engine_worker(n))
+            await wait_ready(url, args.workers + args.engine_workers, timeout_s=300)
+            print(
+                f"cluster ready: api {url}, {args.workers} workers + {args.engine_workers} "
+                f"with the openvino engine, redis {redis_server.url}"
+            )
             run.t0 = time.monotonic()
             limits = httpx.Limits(max_connections=64, max_keepalive_connections=64)
             async with httpx.AsyncClient(base_url=url, timeout=30, limits=limits) as c:
@@ -619,12 +740,16 @@ async def main(args: argparse.Namespace) -> int:
                     chaos_monkey(run, workers, start_worker, rng, redis_server.url, prefix)
                 )
                 restart = asyncio.create_task(redis_restart(run, redis_server))
+                engine_monkey_task = asyncio.create_task(
+                    engine_monkey(run, engine_workers, random.Random(args.seed + 1), c)
+                )
                 await submit_all(run, c, rng)
                 submitted_s = time.monotonic() - run.t0
                 print(f"submitted {len(run.tasks)} tasks in {submitted_s:.0f} s; draining")
                 await waiter
                 await monkey
                 await restart
+                await engine_monkey_task
                 ended_s = time.monotonic() - run.t0
                 ids = [t.task_id for t in run.tasks if t.task_id]
                 final = await statuses(c, ids, run)  # the user's view, after the run
@@ -636,8 +761,18 @@ async def main(args: argparse.Namespace) -> int:
             codes = {}
             for w in workers:
                 codes[w.name] = await w.stop(timeout_s=30)
+            for e in engine_workers:
+                codes[e.proc.name] = await e.proc.stop(timeout_s=30)
             codes["api"] = await api.stop(timeout_s=30)
             await redis_server.kill()
+        audit["engine_logged"] = engine_deaths_logged(run, engine_workers)
+        audit["engine_codes"] = [codes[e.proc.name] for e in engine_workers]
+        audit["engine_error_lines"] = sum(
+            1
+            for e in engine_workers
+            for line in e.proc.log_path.read_text(errors="replace").splitlines()
+            if "ERROR" in line or "Traceback" in line
+        )
         report = render(
             run, final, audit, work, codes, version,
             submitted_s, ended_s,
@@ -674,6 +809,20 @@ def verdict(run: Run, final: dict[str, str], audit: dict[str, Any]) -> bool:
         and n["lost"] == 0
         and n["twice"] == 0
         and n["stuck"] == 0
+        and engine_ok(run, audit)
+    )
+
+
+def engine_ok(run: Run, audit: dict[str, Any]) -> bool:
+    """Every engine process death logged exactly once, noticed and followed by a live
+    engine; the engine workers ended 0 without an error line."""
+    kills = run.engine_kills
+    return (
+        len(kills) >= run.args.engine_workers
+        and all(audit["engine_logged"].get(k.pid) == 1 for k in kills)
+        and all(k.noticed_s is not None and k.back_s is not None for k in kills)
+        and all(code == 0 for code in audit["engine_codes"])
+        and audit["engine_error_lines"] == 0
     )
 
 
@@ -733,6 +882,10 @@ def render(
         f"- Redis SIGKILLed once at t = {run.redis_restart_at or 0:.1f} s and restarted "
         f"(same port, same AOF): down for {run.redis_down_s or 0:.2f} s.",
         f"- {args.cancel_share:.0%} of the tasks cancelled 0-3 s after their submit.",
+        f"- {args.engine_workers} more `ponder worker` with the openvino engine (SmolLM2-135M, "
+        "1 thread, 2 tasks at a time, never SIGKILLed itself): its engine process SIGKILLed "
+        f"every {args.engine_kill_s.replace(',', '-')} s, busy or idle as it happened, and "
+        "once more after the drain (idle).",
         "",
         "## Results",
         "",
@@ -781,6 +934,20 @@ def render(
         + " |",
         "| planned cancels | " + ", ".join(f"{k}: {v}" for k, v in sorted(cancels.items())) + " |",
         f"| 5xx other than 503 | {sum(five_xx.values())} |",
+        f"| **engine process kills** (busy / idle) | {len(run.engine_kills)} "
+        f"({sum(k.busy for k in run.engine_kills)} / "
+        f"{sum(not k.busy for k in run.engine_kills)}) |",
+        "| **engine deaths logged exactly once** | "
+        f"{sum(audit['engine_logged'].get(k.pid) == 1 for k in run.engine_kills)} of "
+        f"{len(run.engine_kills)} {'✅' if engine_ok(run, audit) else '❌'} |",
+        "| engine down noticed (`ponder_engine_up` 0), p50 / max | "
+        + seconds([k.noticed_s for k in run.engine_kills])
+        + " |",
+        "| engine live again after a kill, p50 / max | "
+        + seconds([k.back_s for k in run.engine_kills])
+        + " |",
+        f"| engine workers' exit codes / error lines in their logs | "
+        f"{audit['engine_codes']} / {audit['engine_error_lines']} |",
         f"| time to submit / to last end | {submitted_s:.0f} s / {ended_s:.0f} s |",
         "",
         "## Answers the client got (all retries counted)",
@@ -829,6 +996,13 @@ def render(
     return "\n".join(lines)
 
 
+def seconds(values: Sequence[float | None]) -> str:
+    seen = [v for v in values if v is not None]
+    missing = len(values) - len(seen)
+    text = f"{percentile(seen, 50):.3f} s / {max(seen):.3f} s" if seen else "-"
+    return text + (f" ({missing} never)" if missing else "")
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=2000)
@@ -839,6 +1013,15 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--redis-down-s", type=float, default=3.0, help="Redis outage length")
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)
+    p.add_argument(
+        "--engine-workers",
+        type=int,
+        default=1,
+        help="workers with the openvino engine whose engine processes are killed (0: none)",
+    )
+    p.add_argument(
+        "--engine-kill-s", default="12,20", help="seconds between engine process kills: low,high"
+    )
     p.add_argument("--out", default=str(RESULTS / "chaos.md"))
     p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
     p.add_argument("--commit", default=None, help="the code version to name in the report")
