@@ -130,6 +130,14 @@ async def test_submit_sets_the_request_fields(sqlite_settings: Settings) -> None
         # `ponder wait` shows an ended task at once, with submit --wait's exit code
         code, out, _ = await run_cli("wait", task["id"], "--json", "--url", live.url)
         assert code == 0 and json.loads(out)["id"] == task["id"]
+        # auto mode and the budget; the result says where the cascade ended
+        code, out, err = await run_cli(
+            "submit", "What is 2+2? [[answers: 4, 5, 4]]", "--mode", "auto",
+            "--max-samples", "3", "--max-total-tokens", "99", "--target-confidence", "1",
+            "--wait", "--wait-timeout", "20", "--url", live.url,
+        )  # fmt: skip
+        assert code == 0, err
+        assert "· auto ·" in out and "stage 3 of 3 · stopped: budget" in out
 
 
 @pytest.mark.parametrize(
@@ -141,6 +149,8 @@ async def test_submit_sets_the_request_fields(sqlite_settings: Settings) -> None
         ("--timeout", "-1", "timeout_s"),
         ("--target-confidence", "1.5", "target_confidence"),
         ("--callback-url", "not a url", "callback_url"),
+        ("--max-samples", "0", "max_samples"),
+        ("--max-total-tokens", "0", "max_total_tokens"),
     ],
 )
 async def test_a_bad_submit_flag_is_one_line_and_sends_nothing(

@@ -25,7 +25,17 @@ from rich.text import Text
 
 from ponder.config import Settings, load_settings
 from ponder.errors import ConfigError
-from ponder.types import EventName, Mode, Result, Sample, SampleStatus, Task, TaskStatus, TaskType
+from ponder.types import (
+    DEFAULT_MODE,
+    EventName,
+    Mode,
+    Result,
+    Sample,
+    SampleStatus,
+    Task,
+    TaskStatus,
+    TaskType,
+)
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -405,7 +415,12 @@ def _print_task(task: Task) -> None:
     result = task.result
     if result is not None:
         console.print(f"answer: [bold]{result.answer}[/bold]")
-        console.print(f"confidence {result.confidence:.2f} · agreement {result.agreement:.2f}")
+        facts = [f"confidence {result.confidence:.2f}", f"agreement {result.agreement:.2f}"]
+        if result.stage is not None:  # auto mode: where the cascade ended
+            facts.append(f"stage {result.stage} of 3")
+        if result.stop_reason is not None:
+            facts.append(f"stopped: {result.stop_reason}")
+        console.print(" · ".join(facts))
         if result.votes:
             console.print(_vote_table(result.votes))
         if result.clarification:
@@ -509,7 +524,7 @@ def _follow(client: Client, task: Task, timeout_s: float, *, live: bool) -> Task
 @app.command()
 def submit(
     prompt: Annotated[str, typer.Argument(help="the prompt")],
-    mode: Annotated[Mode, typer.Option(help=", ".join(Mode))] = Mode.standard,
+    mode: Annotated[Mode, typer.Option(help=", ".join(Mode))] = DEFAULT_MODE,
     priority: Annotated[int, typer.Option(min=0, max=5, help="0 is the most urgent")] = 3,
     samples: Annotated[int | None, typer.Option(min=1, help="samples to run")] = None,
     task_type: Annotated[
@@ -540,7 +555,20 @@ def submit(
         typer.Option(
             show_default=False,
             help="early stop once the leading answer stays the leader with this probability "
-            "(0 to 1); default: the mode's",
+            "(auto mode: once the answer's calibrated confidence reaches it; 0 to 1); "
+            "default: the mode's",
+        ),
+    ] = None,
+    max_samples: Annotated[
+        int | None,
+        typer.Option(show_default=False, help="the budget: at most this many samples"),
+    ] = None,
+    max_total_tokens: Annotated[
+        int | None,
+        typer.Option(
+            show_default=False,
+            help="the budget: completion tokens over all samples; sampling stops when it is "
+            "spent, with the best answer so far",
         ),
     ] = None,
     wait: Annotated[bool, typer.Option(help="follow the task live, then print the result")] = False,
@@ -564,6 +592,8 @@ def submit(
             timeout_s=timeout,
             callback_url=callback_url,
             target_confidence=target_confidence,
+            max_samples=max_samples,
+            max_total_tokens=max_total_tokens,
         )
         if wait:
             task = _follow(client, task, wait_timeout, live=not as_json)
