@@ -106,7 +106,8 @@ ENGINE_RESTARTS = Counter(
 )
 ENGINE_UP = Gauge(
     "ponder_engine_up",
-    "1 while the engine can run rows (its engine process is live, where it has one), else 0",
+    "1 while the engine's process is live, 0 while it is down or restarting (engines "
+    "with an engine process of their own: openvino)",
     ["engine"],
     registry=REGISTRY,
 )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -9,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
+from ponder.api import create_app
 from ponder.api.deps import key_digest
 from tests.conftest import ThreadedServer
 from tests.console.browser import DESKTOP, PHONE, console_log, set_viewport
@@ -201,4 +203,41 @@ def test_the_overview_of_an_api_only_process(page: WebDriver, tmp_path: Path) ->
         depths = [r.text.split() for r in all_css(page, "#overview .bar-row")]
         assert ["P0", "1"] in depths and ["P3", "2"] in depths
         assert all_css(page, "#overview [data-figure=rows]") == []
+        assert errors(page) == []
+
+
+@pytest.mark.model
+@pytest.mark.timeout(300)
+def test_the_engine_panel_shows_a_dead_engine_process_until_it_restarts(
+    page: WebDriver, tmp_path: Path
+) -> None:
+    """The default engine's process killed, and its model file bad for a while (so the
+    engine stays down longer than the overview's refresh): the overview's engine tile says
+    it is down, with the reason, until a new process is live (issue #47)."""
+    import os
+    import signal
+
+    settings = console_settings(tmp_path, engine="openvino", engine_threads=1)
+    corrupt = tmp_path / "corrupt.gguf"
+    corrupt.write_bytes(b"GGUF" + b"\0" * 4096)
+    app = create_app(settings, workers=1)
+    with ThreadedServer(app, ws="auto") as live:
+        page.get(f"{live.url}/console")
+        wait(page, lambda d: css(d, "#engine-process").get_attribute("data-state") == "live")
+        engine = app.state.runtime.engine
+        pid = engine.process_pid
+        assert css(page, "#engine-process").text == f"process {pid} live · 0 restarts"
+        model_path, engine._config["path"] = engine._config["path"], str(corrupt)
+        os.kill(pid, signal.SIGKILL)
+        wait(
+            page,
+            lambda d: css(d, "#engine-process").get_attribute("data-state") == "restarting",
+        )
+        down = css(page, "#engine-process")
+        assert down.text.startswith("process down: the openvino engine process ")
+        assert "error" in (down.get_attribute("class") or "")
+        wait(page, lambda d: "failed to start" in css(d, "#engine-process").text, 60)
+        engine._config["path"] = model_path
+        wait(page, lambda d: css(d, "#engine-process").get_attribute("data-state") == "live", 120)
+        assert re.fullmatch(r"process \d+ live · \d+ restarts", css(page, "#engine-process").text)
         assert errors(page) == []

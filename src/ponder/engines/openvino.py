@@ -417,8 +417,12 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         except (_ProcessLost, OSError) as e:
             if isinstance(e, _ProcessLost):
                 cause, reason = str(e), e.reason
-            else:  # the socket failed: a dying process
-                code = process.wait()
+            else:  # the socket failed: a dying process (or one to end)
+                try:
+                    code = process.wait(_EXIT_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    process.kill()
+                    code = process.wait()
                 cause = f"the openvino engine process died ({_exit_cause(code)})"
                 reason = _reason(code)
             self._lost(cause, reason)
