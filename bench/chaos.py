@@ -431,8 +431,8 @@ async def kill_engine(run: Run, c: httpx.AsyncClient, worker: EngineWorker) -> N
             up = (await engine_figures(c, worker.metrics_url))["up"]
             if up == 0 and kill.noticed_s is None:
                 kill.noticed_s = time.monotonic() - t0
-            new = engine_pid(worker.proc.pid)  # None while there is none (or a zombie)
-            if up == 1 and (kill.noticed_s is not None or new not in (None, pid)):
+            # down, then up: a restart loads the model for seconds, far longer than a poll
+            if up == 1 and kill.noticed_s is not None:
                 kill.back_s = time.monotonic() - t0
                 return
         await asyncio.sleep(0.01)
