@@ -22,6 +22,7 @@ from ponder.store import create_store
 from ponder.store.base import Admission, TaskStore
 from ponder.types import SampleStatus, Task, TaskStatus
 from ponder.worker import SampleRunner, Worker
+from tests.conftest import until
 
 
 class RecordingEngine(ScriptedEngine):
@@ -583,3 +584,41 @@ async def test_a_sample_budget_ends_an_open_vote_as_budget(h: Harness) -> None:
     assert done.samples_planned == 2 and done.samples_used == 2
     assert done.result is not None and done.result.stop_reason == "budget"
     assert done.result.stage == 2
+
+
+async def test_a_cancelled_task_counts_the_tokens_it_generated(
+    make_harness: Callable[..., Any],
+) -> None:
+    """OpenAI's semantics: a cancelled task's usage holds what its running sample wrote."""
+    h: Harness = await make_harness(scripted_step_ms=[5.0, 0.0])
+    h.start_worker()
+    task = await h.submit("What is 6*7? [[tokens: 2000]]", mode="fast")
+    await until(lambda: h.engine.stats.tokens >= 10, 10, "the sample writing")
+    await cancel_task(h.store, task.id, "")
+
+    async def usage_kept() -> Task | None:
+        final = await h.store.get_task(task.id)
+        return final if final is not None and final.usage.completion_tokens >= 10 else None
+
+    final = await until(usage_kept, 10, "the cancelled task's usage")
+    assert final.status == TaskStatus.cancelled and final.result is None
+    (sample,) = final.samples
+    assert sample.tokens.completion == final.usage.completion_tokens
+    assert sample.text is not None and len(sample.text.split()) == sample.tokens.completion
+
+
+async def test_samples_stopped_by_the_early_stop_count_their_tokens(
+    make_harness: Callable[..., Any],
+) -> None:
+    """Two agreeing samples stop the vote while the third, slower one writes: it is
+    skipped, its text so far kept and its tokens counted in the usage."""
+    h: Harness = await make_harness(scripted_step_ms=[2.0, 0.0])
+    h.start_worker()
+    prompt = "What is 6*7? [[answers: 42]] [[tokens: 20, 20, 2000]]"
+    done = await h.wait((await h.submit(prompt, samples=5)).id)
+    assert [s.status for s in done.samples] == ["done", "done", "skipped", "skipped", "skipped"]
+    stopped = done.samples[2]
+    assert 20 <= stopped.tokens.completion < 2000 and stopped.text and stopped.answer is None
+    assert done.usage.completion_tokens == 40 + stopped.tokens.completion
+    assert done.result is not None and done.result.stop_reason == "confident"
+    assert done.result.votes == {"42": 2}

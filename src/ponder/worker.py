@@ -362,6 +362,7 @@ class Worker:
                 if job is not None and job.cancelling():
                     raise  # shutdown
                 finished = True  # stopped by the cancel notice of a cancelled task
+                await _quiet(run.keep_usage())
             except EngineDeadError as e:
                 # the task is not at fault: release it for a worker whose engine works
                 log.error("task %s released: %s; this worker stops claiming", claim.task_id, e)
@@ -423,6 +424,27 @@ class TaskRun:
     def follow(self) -> None:
         """A client follows the task's text: write its deltas (:mod:`ponder.deltas`)."""
         self._deltas.follow()
+
+    async def keep_usage(self) -> None:
+        """After a client cancel stopped the run: write the tokens its samples generated
+        (and their text so far) into the cancelled task, as OpenAI counts a cancelled
+        response's usage. A compare-and-set over the cancel's write; the status stays."""
+        task = getattr(self, "task", None)
+        if task is None:
+            return  # cancelled before the task was read: nothing ran
+        self._count()
+        mine = {s.index: s for s in task.samples}
+        for _ in range(_SAVE_RETRIES):
+            fresh = await self.store.get_task(task.id)
+            if fresh is None or fresh.status != TaskStatus.cancelled or fresh.usage == task.usage:
+                return
+            fresh.usage = task.usage.model_copy()
+            for sample in fresh.samples:
+                ran = mine.get(sample.index)
+                if ran is not None and ran.tokens.completion > sample.tokens.completion:
+                    sample.tokens, sample.text = ran.tokens, ran.text
+            if await self.store.update_task(fresh, []):
+                return
 
     async def run(self) -> bool:
         """Run the task; True when it reached a terminal state (the entry may be acked)."""
@@ -565,8 +587,14 @@ class TaskRun:
                 if check.stop:
                     events += self._collect(jobs)  # samples that ended meanwhile still count
                     for job, sample in jobs.items():
+                        # skipped: the engine stops the row and returns what it wrote,
+                        # whose tokens count in the usage (a row not yet sent is dropped)
                         sample.status = SampleStatus.skipped
-                        job.cancel()
+                        row = self._rows.get(sample.index)
+                        if row is not None:
+                            row.cancel()
+                        else:
+                            job.cancel()
                     stopped += jobs
                     jobs.clear()
                     skip_queued(check.reason or "complete")
@@ -601,15 +629,17 @@ class TaskRun:
         return budget - used - sum(self._reserved.values()) - self._extra.completion
 
     async def _end_jobs(self, jobs: dict[asyncio.Task[None], Sample]) -> None:
-        """At the task deadline, stop the running rows and keep what they wrote so far.
+        """At the task deadline (or when the run is cancelled: a client cancel, a shutdown),
+        stop the running rows and keep what they wrote so far.
 
         Each row is cancelled on the engine, which returns its text so far at the next step;
-        the samples end ``timeout`` with that text. Rows that do not return within a grace
-        period are abandoned.
+        the samples end ``timeout`` with that text (``cancelled`` when the run is), their
+        tokens counted. Rows that do not return within a grace period are abandoned.
         """
         if not jobs:
             return
-        self._deadline_passed = True
+        current = asyncio.current_task()
+        self._deadline_passed = current is None or not current.cancelling()
         for sample in jobs.values():
             row = self._rows.get(sample.index)
             if row is not None:
@@ -676,7 +706,9 @@ class TaskRun:
             sample.error = TaskError(code="engine_error", message=str(e))
         else:
             self._record(sample, output)
-            if output.finish_reason == "timeout":
+            if sample.status == SampleStatus.skipped:
+                pass  # stopped by the early stop: its text and tokens kept, not judged
+            elif output.finish_reason == "timeout":
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(
                     code="timeout",

@@ -446,9 +446,7 @@ def test_auto_results_say_the_stage_and_escalations() -> None:
 
 def test_auto_gives_a_preliminary_answer_after_each_stage() -> None:
     now = [100.0]
-    s = create_strategy(
-        task("auto", 5, target_confidence=0.99), SETTINGS, calibration=FLAT
-    )
+    s = create_strategy(task("auto", 5, target_confidence=0.99), SETTINGS, calibration=FLAT)
     s._clock = lambda: now[0]
     samples = [done(0, "4", temperature=0), *[queued(i) for i in range(1, 5)]]
     assert s.preliminary(samples) is not None

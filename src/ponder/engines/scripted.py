@@ -9,7 +9,8 @@ outcomes:
   ``fail`` and ``hang`` make that one sample fail or never end (until cancelled or timed
   out).
 - ``[[tokens: N]]`` — each sample is N words long (default 12); its text is emitted word
-  by word, one word per step, and ends "The answer is X."
+  by word, one word per step, and ends "The answer is X." ``[[tokens: 20, 20, 400]]``:
+  sample *i* is the *i*-th length (cycling).
 - ``[[sleep_ms: N]]`` — each sample makes no progress for its first N ms (it holds its
   slot; other rows go on).
 - ``[[fail]]`` — every sample fails (EngineError).
@@ -105,7 +106,7 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
             return
         try:
             sleep_ms = float(directives.get("sleep_ms") or 0)
-            count = max(1, int(directives.get("tokens") or DEFAULT_TOKENS))
+            count = max(1, int(_nth(directives.get("tokens"), row.request) or DEFAULT_TOKENS))
         except ValueError as e:
             raise EngineError(f"scripted: a directive needs a number: {e}") from e
         row.ready_at = row.started + sleep_ms / 1000
@@ -150,13 +151,19 @@ def _prompt_text(request: SampleRequest) -> str:
     return request.prompt or ""
 
 
+def _nth(values: str | None, request: SampleRequest) -> str | None:
+    """The request's sample's value of a comma-separated directive (cycling)."""
+    parts = [v.strip() for v in (values or "").split(",") if v.strip()]
+    return parts[request.sample_index % len(parts)] if parts else None
+
+
 def _answer_for(request: SampleRequest, directives: dict[str, str]) -> str:
     if "fail" in directives:
         return "fail"
     if "hang" in directives:
         return "hang"
-    values = [v.strip() for v in directives.get("answers", "").split(",") if v.strip()]
-    if values:
-        return values[request.sample_index % len(values)]
+    value = _nth(directives.get("answers"), request)
+    if value:
+        return value
     digest = hashlib.sha256(_prompt_text(request).encode()).digest()
     return str(int.from_bytes(digest[:4], "big") % 1000)
