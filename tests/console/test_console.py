@@ -125,6 +125,25 @@ def test_a_task_from_the_form_streams_into_the_page(
     wait(page, lambda d: css(d, "#overview .chip[data-status=done]").text == done_now)
 
 
+def test_an_auto_task_from_the_form_says_where_its_cascade_ended(
+    page: WebDriver, service: ThreadedServer
+) -> None:
+    page.get(f"{service.url}/console#/new")
+    prompt = wait(page, lambda d: css(d, "#f-prompt"))
+    prompt.send_keys("What is 2+3? [[answers: 5, 4, 5, 5, 5]]")
+    css(page, "#f-mode option[value=auto]").click()
+    css(page, "#f-submit").click()
+    wait(page, lambda d: "#/tasks/" in d.current_url)
+    task_id = page.current_url.split("#/tasks/")[1]
+    wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "done")
+    result = httpx.get(f"{service.url}/v1/tasks/{task_id}").json()["result"]
+    shown = css(page, "#answer-stage").text
+    assert shown.startswith(f"stage {result['stage']} of 3 · ")
+    assert shown.endswith(f"stopped: {result['stop_reason']}")
+    assert all(step in shown for step in result["escalations"])
+    assert errors(page) == []
+
+
 def test_a_task_submitted_with_curl_appears_in_the_list(
     page: WebDriver, service: ThreadedServer
 ) -> None:

@@ -519,6 +519,11 @@ class TaskPage {
       if (result && task.preliminary) {
         parts.push(h("p", { class: "muted small" }, `preliminary answer was ${task.preliminary.answer ?? "(none)"}`));
       }
+      if (shown.stage !== null && shown.stage !== undefined) {  // auto mode: where the cascade is
+        const taken = shown.escalations.length ? `escalated: ${shown.escalations.join(", ")}` : "no escalation";
+        parts.push(h("p", { class: "meta", id: "answer-stage" }, `stage ${shown.stage} of 3 · ${taken}` +
+          (shown.stop_reason ? ` · stopped: ${shown.stop_reason}` : "")));
+      }
       if (!result) parts.push(h("p", { class: "muted small" }, "the vote is still open"));
       if (shown.clarification) {
         parts.push(h("div", { class: "clarification", id: "clarification" }, h("strong", {}, "Clarification: "), shown.clarification));
