@@ -265,6 +265,13 @@ async def test_the_task_deadline_keeps_running_samples_text(
     (sample,) = ended.samples
     assert sample.status == SampleStatus.timeout and sample.finish_reason == "cancelled"
     assert sample.text and sample.tokens.completion > 0
+    # a vote the deadline ended: partial, its result says so, every token counted
+    prompt = "What is 6*7? [[answers: 42]] [[tokens: 10, 2000, 2000]]"
+    ended = await h.wait((await h.submit(prompt, timeout_s=0.5, max_new_tokens=2000)).id)
+    assert ended.status == TaskStatus.partial_done
+    assert [s.status for s in ended.samples] == ["done", "timeout", "timeout"]
+    assert ended.result is not None and ended.result.stop_reason == "deadline"
+    assert ended.usage.completion_tokens == sum(s.tokens.completion for s in ended.samples) > 10
 
 
 async def test_static_batching_still_runs_tasks(make_harness: Callable[..., Any]) -> None:

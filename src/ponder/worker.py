@@ -57,7 +57,8 @@ _BACKOFF_MAX_S = 2.0
 _NOTICE_BLOCK_MS = 5000
 #: compare-and-set retries of one task write when only webhook records changed under it
 _SAVE_RETRIES = 5
-#: after a task's deadline, how long its running samples get to return their text so far
+#: after a task's deadline (or the early stop), how long its stopped samples get to return
+#: their text so far
 _DEADLINE_GRACE_S = 2.0
 
 
@@ -381,6 +382,17 @@ class Worker:
                 await _quiet(asyncio.shield(self.store.release(claim)))
 
 
+async def _settle(jobs: Sequence[asyncio.Task[None]]) -> None:
+    """Wait for sample jobs whose rows were stopped on the engine to return their text so
+    far; a job not back within a grace period is cancelled (its text is lost)."""
+    if not jobs:
+        return
+    _, late = await asyncio.wait(jobs, timeout=_DEADLINE_GRACE_S)
+    for job in late:
+        job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
+
+
 async def _quiet(aw: Any) -> Any:
     """Await bookkeeping whose failure must not mask the original outcome."""
     try:
@@ -611,7 +623,7 @@ class TaskRun:
                     self._last_events = events
         finally:
             await self._end_jobs(jobs)
-            await asyncio.gather(*stopped, return_exceptions=True)
+            await _settle(stopped)
         for sample in task.samples:  # the task deadline passed before these ended
             if sample.status in (SampleStatus.queued, SampleStatus.running):
                 sample.status = SampleStatus.timeout
@@ -640,14 +652,13 @@ class TaskRun:
             return
         current = asyncio.current_task()
         self._deadline_passed = current is None or not current.cancelling()
+        if self._deadline_passed:
+            self._stop_reason = "deadline"
         for sample in jobs.values():
             row = self._rows.get(sample.index)
             if row is not None:
                 row.cancel()
-        _, late = await asyncio.wait(jobs, timeout=_DEADLINE_GRACE_S)
-        for job in late:
-            job.cancel()
-        await asyncio.gather(*jobs, return_exceptions=True)
+        await _settle(list(jobs))
 
     @staticmethod
     def _collect(jobs: dict[asyncio.Task[None], Sample]) -> list[tuple[str, dict[str, Any]]]:

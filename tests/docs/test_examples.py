@@ -11,7 +11,6 @@ blocks that ran, so it cannot pass by running none.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -21,12 +20,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-import httpx
 import pytest
 
 from ponder.webhooks import generate_secret
-from tests.conftest import free_port, until
 from tests.docs.markdown import ROOT, Block, blocks, example_pages
+from tests.docs.service import scripted_service
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -54,44 +52,8 @@ class Ran:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``ponder serve`` on a free loopback port, the scripted engine writing a word every
     10 ms (so that running samples send ``delta`` events, as a model does)."""
-    workdir = tmp_path_factory.mktemp("service")
-    port = free_port()
-    env = {
-        **os.environ,
-        **_SHARED,
-        "PONDER_ENGINE": "scripted",
-        "PONDER_SCRIPTED_STEP_MS": "10,0",
-        "PONDER_SQLITE_PATH": str(workdir / "ponder.db"),
-        "PONDER_REDIS_URL": "",
-        "PONDER_NODE_ID": "docs",
-        "PONDER_LOG_LEVEL": "WARNING",
-    }
-    env.pop("PONDER_API_KEYS", None)
-    ponder = Path(sys.executable).parent / "ponder"
-    log = (workdir / "serve.log").open("w")
-    proc = subprocess.Popen(
-        [str(ponder), "serve", "--port", str(port)], env=env, stdout=log, stderr=log
-    )
-    url = f"http://127.0.0.1:{port}"
-    try:
-        # the process is watched from outside: no event announces it is up
-        def ready() -> bool:
-            assert proc.poll() is None, (workdir / "serve.log").read_text()
-            try:
-                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        asyncio.run(until(ready, 60, "ponder serve to be ready", interval_s=0.2))
+    with scripted_service(tmp_path_factory.mktemp("service"), "docs", _SHARED) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        log.close()
 
 
 def _run(block: Block, url: str, workdir: Path) -> Ran:

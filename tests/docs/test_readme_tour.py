@@ -12,7 +12,6 @@ exit 0, and where the README shows output the real output must have its shape.
 
 from __future__ import annotations
 
-import asyncio
 import os
 import re
 import subprocess
@@ -20,11 +19,10 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
-from tests.conftest import free_port, until
 from tests.docs.markdown import ROOT, Block, blocks
+from tests.docs.service import scripted_service
 from tests.docs.test_examples import shape
 
 pytestmark = pytest.mark.timeout(300)
@@ -49,46 +47,8 @@ def tour() -> list[Block]:
 @pytest.fixture(scope="module")
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """``ponder serve`` on a free loopback port (never 8000), the scripted engine."""
-    workdir = tmp_path_factory.mktemp("service")
-    port = free_port()
-    assert port != 8000
-    env = {
-        **os.environ,
-        "PONDER_ENGINE": "scripted",
-        "PONDER_SCRIPTED_STEP_MS": "10,0",
-        "PONDER_SQLITE_PATH": str(workdir / "ponder.db"),
-        "PONDER_REDIS_URL": "",
-        "PONDER_NODE_ID": "tour",
-        "PONDER_LOG_LEVEL": "WARNING",
-    }
-    env.pop("PONDER_API_KEYS", None)
-    log_path = workdir / "serve.log"
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "ponder"), "serve", "--port", str(port)],
-            env=env,
-            stdout=log,
-            stderr=log,
-        )
-    url = f"http://127.0.0.1:{port}"
-    try:
-
-        def ready() -> bool:  # another process: no event announces it is up
-            assert proc.poll() is None, log_path.read_text()
-            try:
-                return httpx.get(f"{url}/readyz", timeout=2).status_code == 200
-            except httpx.TransportError:
-                return False
-
-        asyncio.run(until(ready, 60, "ponder serve to be ready", interval_s=0.1))
+    with scripted_service(tmp_path_factory.mktemp("service"), "tour", {}) as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
 
 
 def clone_folder(tmp_path: Path) -> Path:
