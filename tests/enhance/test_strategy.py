@@ -456,8 +456,11 @@ def test_auto_gives_a_preliminary_answer_after_each_stage() -> None:
     assert s.preliminary(samples) is None  # nothing new
 
 
-def test_a_budget_of_samples_ends_as_budget() -> None:
+def test_a_budget_of_samples_ends_an_open_vote_as_budget() -> None:
     s = strategy("standard", 2, max_samples=2)
     check = s.stop([done(0, "4", temperature=0), done(1, "5")])
     assert check.stop and check.reason == "budget"
     assert strategy("standard", 2).stop([done(0, "4"), done(1, "5")]).reason == "complete"
+    # the last sample settled the vote: it is the confidence that ended it
+    settled = strategy("standard", 3, max_samples=3, target_confidence=0.9)
+    assert settled.stop([done(0, "4"), done(1, "4"), done(2, "4")]).reason == "confident"

@@ -433,7 +433,8 @@ class Strategy:
         )
         probability = leader_probability(sizes)
         if remaining == 0:
-            return StopCheck(True, probability, self._ran_out(samples))
+            settled = self.early_stop and probability >= self.target_confidence
+            return StopCheck(True, probability, "confident" if settled else self._ran_out(samples))
         if not self.early_stop:
             return StopCheck(False, probability)
         runner_up = sizes[1] if len(sizes) > 1 else 0
@@ -460,8 +461,8 @@ class Strategy:
         return StopCheck(stop, confidence, "confident" if stop else None)
 
     def _ran_out(self, samples: Sequence[Sample]) -> StopReason:
-        """Why sampling ended when no sample is left: the budget when ``max_samples``
-        allowed no more, else every planned sample ran."""
+        """Why sampling ended when no sample is left and the vote is not settled: the
+        budget when ``max_samples`` allowed no more, else every planned sample ran."""
         cap = self.task.max_samples
         return "budget" if cap is not None and len(samples) >= cap else "complete"
 
