@@ -104,7 +104,7 @@ L2_GRID = (0.01, 0.1, 1.0, 10.0)
 CONFIDENCE_POWERS = (0.0, 1.0, 2.0, 4.0)
 #: auto mode's targets replayed; its default is the smallest at which every model's fit
 #: half gains AUTO_GAIN over standard N=5 (``fit_auto_target``)
-AUTO_TARGETS = (0.4, 0.5, 0.55, 0.6, 0.7, 0.8, 0.9)
+AUTO_TARGETS = (0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 0.95)
 AUTO_GAIN = 0.02
 #: the service's default target (ponder.config.AUTO_TARGET): the goals are judged on it
 AUTO_DEFAULT = SETTINGS.mode("auto").target_confidence
@@ -282,6 +282,52 @@ def replay_all(rep: ModelReport) -> None:
             f"auto (greedy → second path → deep + stop rule), target {target}",
             lambda x, t=target: r.auto(x, t),
         )
+    for name, (label, tweak) in AUTO_VARIANTS.items():
+        rep.add(
+            f"{name}@{AUTO_DEFAULT}",
+            f"auto variant: {label}, target {AUTO_DEFAULT}",
+            lambda x, tw=tweak: r.auto(x, AUTO_DEFAULT, tweak=tw),
+        )
+
+
+def _vote_at_the_task_target(s: Strategy) -> None:
+    """Stage 3's stop rule at the task's target, as stages 1 and 2 (no vote_target)."""
+    s.config = s.config.model_copy(update={"vote_target": None})
+
+
+def _deep_window_in_stage_three(s: Strategy) -> None:
+    """Stage 3's samples at once, deep's window (3), the others cancelled at the stop."""
+
+    def wave(samples: Sequence[Any]) -> int:
+        ran = sum(x.status.value in ("done", "error", "timeout") for x in samples)
+        return 1 if ran < 2 else s.window(len(samples))
+
+    setattr(s, "wave", wave)  # noqa: B010 - a replay variant, not the service's code
+
+
+def _agreement_ends_stage_two(s: Strategy) -> None:
+    """Stage 2 ends when both answers agree, whatever their fused confidence."""
+    from ponder.enhance.answers import group_answers
+    from ponder.enhance.strategy import StopCheck
+
+    stop = s.stop
+
+    def patched(samples: Sequence[Any]) -> Any:
+        ended = [x for x in samples if x.status.value in ("done", "error", "timeout")]
+        open_ = any(x.status.value in ("queued", "running") for x in samples)
+        answers = [x.answer for x in ended if x.answer is not None]
+        agree = len(ended) == 2 == len(answers) and len(group_answers(answers, s.task_type)) == 1
+        return StopCheck(True, 1.0, "confident") if open_ and agree else stop(samples)
+
+    setattr(s, "stop", patched)  # noqa: B010
+
+
+#: the policy variants replayed beside auto (the choice among them: the fit half's)
+AUTO_VARIANTS: dict[str, tuple[str, Callable[[Strategy], None]]] = {
+    "auto-same-target": ("stage 3's stop rule at the task's target", _vote_at_the_task_target),
+    "auto-window": ("stage 3's samples at once (deep's window)", _deep_window_in_stage_three),
+    "auto-agree": ("stage 2 ends on agreement alone", _agreement_ends_stage_two),
+}
 
 
 def add_optillm_offline(rep: ModelReport) -> None:
@@ -415,34 +461,39 @@ def cv_log_loss(
     return total / max(1, n)
 
 
-def auto_targets(
-    reports: Sequence[ModelReport], half: int
-) -> dict[str, dict[float, tuple[float, float]]]:
-    """Per model, auto's (accuracy, tokens per problem as a share of standard N=5's) at
-    each target on one half, with ``standard`` (N=5) as the key ``0.0``."""
-    out: dict[str, dict[float, tuple[float, float]]] = {}
+def auto_targets(reports: Sequence[ModelReport], half: int) -> dict[str, dict[str, Any]]:
+    """Per model, on one half: ``standard`` (N=5), auto at each target (by its target) and
+    each variant at the default (by its name): (accuracy, tokens per problem as a share of
+    standard N=5's)."""
+    out: dict[str, dict[str, Any]] = {}
     for rep in reports:
         r = rep.replayer
         part = [x for x in rep.records if half_of(x["key"]) == half]
-        std = [r.run(x, "standard", list(range(5))) for x in part]
-        std_tokens = sum(o.tokens for o in std) / len(part)
-        table = {0.0: (sum(o.correct for o in std) / len(part), 1.0)}
+        runs: dict[str, list[Outcome]] = {"standard": [r.run(x, "standard", [0, 1, 2, 3, 4])
+                                                        for x in part]}  # fmt: skip
         for target in AUTO_TARGETS:
-            runs = [r.auto(x, target) for x in part]
-            tokens = sum(o.tokens for o in runs) / len(part)
-            table[target] = (sum(o.correct for o in runs) / len(part), tokens / std_tokens)
-        out[rep.model] = table
+            runs[str(target)] = [r.auto(x, target) for x in part]
+        for name, (_, tweak) in AUTO_VARIANTS.items():
+            runs[name] = [r.auto(x, AUTO_DEFAULT, tweak=tweak) for x in part]
+        std_tokens = sum(o.tokens for o in runs["standard"])
+        out[rep.model] = {
+            name: (
+                sum(o.correct for o in rows) / len(part),
+                sum(o.tokens for o in rows) / std_tokens,
+            )
+            for name, rows in runs.items()
+        }
     return out
 
 
-def fit_auto_target(tables: dict[str, dict[float, tuple[float, float]]]) -> float:
+def fit_auto_target(tables: dict[str, dict[str, Any]]) -> float:
     """Auto's default target, from the fit half: the smallest target at which every
     model's accuracy is at least standard N=5's + :data:`AUTO_GAIN` (the most accurate
     target when none is)."""
     for target in AUTO_TARGETS:
-        if all(t[target][0] >= t[0.0][0] + AUTO_GAIN for t in tables.values()):
+        if all(t[str(target)][0] >= t["standard"][0] + AUTO_GAIN for t in tables.values()):
             return target
-    return max(AUTO_TARGETS, key=lambda x: sum(t[x][0] for t in tables.values()))
+    return max(AUTO_TARGETS, key=lambda x: sum(t[str(x)][0] for t in tables.values()))
 
 
 def fold_of(key: str) -> int:
@@ -839,6 +890,7 @@ def cost_table(rep: ModelReport) -> list[str]:
     std, deep = rep.tokens_per_problem("ponder@5"), rep.tokens_per_problem("deep")
     names = ["greedy", *(f"ponder@{n}" for n in (2, 3, 5, 8)), "stop@5", "deep", "deep-stop"]
     names += [f"auto@{t}" for t in AUTO_TARGETS]
+    names += [f"{v}@{AUTO_DEFAULT}" for v in AUTO_VARIANTS]
     lines = [
         "| policy | accuracy % | completion tokens per problem | vs standard N=5 | vs deep | "
         "mean samples |",
@@ -1193,8 +1245,8 @@ def write_report(
             for model, v in fit_info["greedy"].items()
         ),
         "",
-        "Auto's targets on the fit half (accuracy %, tokens per problem as % of standard "
-        "N=5's; `0.0` is standard N=5 itself): "
+        "Auto's targets and the variants (at the default target) on the fit half (accuracy "
+        "%, tokens per problem as % of standard N=5's): "
         + "; ".join(
             f"{model}: "
             + ", ".join(f"{t}: {pct(a)} / {100 * c:.0f}" for t, (a, c) in table.items())

@@ -8,7 +8,8 @@ would draw). The worker's launch policy is replayed too: the strategy's window o
 samples runs at once, the stop rule looks after each finished sample, and the next one
 starts while the vote is open; a sample is taken to end ``completion_tokens`` engine
 steps after it started, as on the continuous engine (the live check counts how often a
-live decision differs).
+live decision differs). A sample the stop rule stopped while it ran counts the tokens it
+had written by then, as the worker counts them in the task's usage.
 """
 
 from __future__ import annotations
@@ -174,7 +175,7 @@ class Replayer:
         final = self.samples(strategy, recorded)
         live = [s.model_copy(update={"status": SampleStatus.queued}) for s in final]
         strategy.task.samples = live
-        used = self._launch(strategy, live, final)
+        used, stopped_tokens = self._launch(strategy, live, final)
         fusion = strategy.fuse(live)
         answer = fusion.result.answer if fusion else None
         return Outcome(
@@ -183,7 +184,7 @@ class Replayer:
             correct=self.correct(record, answer),
             answer=answer,
             samples=len(used),
-            tokens=sum(s.tokens.completion for s in used),
+            tokens=sum(s.tokens.completion for s in used) + stopped_tokens,
             confidence=fusion.result.confidence if fusion else None,
             features=fusion.features if fusion else {},
             greedy_in=any(s.temperature == 0 for s in used),
@@ -191,9 +192,12 @@ class Replayer:
         )
 
     @staticmethod
-    def _launch(strategy: Strategy, live: list[Sample], final: Sequence[Sample]) -> list[Sample]:
+    def _launch(
+        strategy: Strategy, live: list[Sample], final: Sequence[Sample]
+    ) -> tuple[list[Sample], int]:
         """Replay the worker's launch policy; the samples that finished (in ``live``, the
-        others end skipped).
+        others end skipped) and the tokens the samples the stop rule stopped had written by
+        then (the worker counts them in the task's usage).
 
         The strategy's wave of samples runs at once (auto mode: one at a time through its
         first two stages); the stop rule looks after each
@@ -214,17 +218,19 @@ class Replayer:
         while started < planned and len(running) < strategy.wave(live):
             start(0)
         finished: list[int] = []
+        stopped_tokens = 0
         while running:
             at, index, _ = heapq.heappop(running)
             live[index] = final[index]
             finished.append(index)
             if strategy.stop(live).stop:
+                stopped_tokens = sum(at - begun for _, _, begun in running)
                 break
             while started < planned and len(running) < strategy.wave(live):
                 start(at)
         for k in set(range(planned)) - set(finished):
             live[k] = live[k].model_copy(update={"status": SampleStatus.skipped})
-        return [final[k] for k in finished]
+        return [final[k] for k in finished], stopped_tokens
 
     def auto(self, record: dict[str, Any], target: float | None = None, **kw: Any) -> Outcome:
         """Auto mode over the record's deep run (its sample 0 is the same greedy sample as

@@ -133,11 +133,11 @@ async def test_submit_sets_the_request_fields(sqlite_settings: Settings) -> None
         # auto mode and the budget; the result says where the cascade ended
         code, out, err = await run_cli(
             "submit", "What is 2+2? [[answers: 4, 5, 4]]", "--mode", "auto",
-            "--max-samples", "3", "--max-total-tokens", "99", "--target-confidence", "1",
+            "--max-samples", "2", "--max-total-tokens", "99", "--target-confidence", "1",
             "--wait", "--wait-timeout", "20", "--url", live.url,
         )  # fmt: skip
         assert code == 0, err
-        assert "· auto ·" in out and "stage 3 of 3 · stopped: budget" in out
+        assert "· auto ·" in out and "stage 2 of 3 · stopped: budget" in out
 
 
 @pytest.mark.parametrize(

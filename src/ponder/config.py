@@ -41,9 +41,11 @@ __all__ = [
 NUM_PRIORITIES = 6
 
 
-#: auto mode's default target_confidence: the calibrated confidence at which its first
-#: stages end (chosen on the quality benchmark's fit half: bench/results/quality.md)
+#: auto mode's default target_confidence, the calibrated confidence at which its first
+#: stages end, and its vote_target, the stop rule's target in stage 3 (chosen on the
+#: quality benchmark's fit half: bench/results/quality.md)
 AUTO_TARGET = 0.6
+AUTO_VOTE_TARGET = 0.5
 
 #: the model names the OpenAI-compatible routes serve (``GET /v1/models``): ``ponder``
 #: (the standard mode) and one per mode
@@ -71,6 +73,13 @@ class ModeConfig(BaseModel):
         le=1,
         description="early stop: the probability that the leading answer stays the leader "
         "(auto mode: also the calibrated confidence that ends its first stages)",
+    )
+    vote_target: float | None = Field(
+        default=None,
+        gt=0,
+        le=1,
+        description="auto mode: the stop rule's target over deep's plan (stage 3), where "
+        "target_confidence ends stages 1 and 2; None: target_confidence",
     )
     paths: list[str] = Field(
         default_factory=lambda: ["cot"],
@@ -114,12 +123,13 @@ def default_modes() -> dict[Mode, ModeConfig]:
             early_stop=True, paths=["cot", "pot", "decompose"], progressive=True, clarify=True,
         ),
         # the cascade's plan is deep's (its paths, its size); target_confidence is the
-        # calibrated confidence that ends stage 1 or 2, fitted by bench/quality.py on the
-        # fit half; stage 3 stops by deep's stop rule
+        # calibrated confidence that ends stage 1 or 2, vote_target the stop rule's target
+        # in stage 3, both chosen by bench/quality.py on the fit half
         Mode.auto: ModeConfig(
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=1024,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
-            early_stop=True, target_confidence=AUTO_TARGET, paths=["cot", "pot", "decompose"],
+            early_stop=True, target_confidence=AUTO_TARGET, vote_target=AUTO_VOTE_TARGET,
+            paths=["cot", "pot", "decompose"],
         ),
     }  # fmt: skip
 

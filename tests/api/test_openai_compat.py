@@ -104,10 +104,17 @@ async def test_auto_mode_and_its_budget_through_the_sdk(
     ponder = extra(completion)
     assert ponder["answer"] == "5" and ponder["stage"] == 3
     assert ponder["escalations"] == ["second_path", "deep_plan"]
-    assert ponder["stop_reason"] == "budget"
+    assert ponder["stop_reason"] == "confident"  # the third sample broke the tie
     task = (await client.get(f"/v1/tasks/{ponder['task_id']}")).json()
     assert task["mode"] == "auto" and task["samples_planned"] == 3
     assert (task["max_samples"], task["max_total_tokens"]) == (3, 500)
+    # a budget of two samples ends the open vote after stage 2
+    cut = await sdk.chat.completions.create(
+        model="ponder-auto",
+        messages=ask("[[answers: 5, 6, 5]]"),
+        extra_body={"target_confidence": 1.0, "max_samples": 2},
+    )
+    assert (extra(cut)["stage"], extra(cut)["stop_reason"]) == (2, "budget")
     assert task["target_confidence"] == 1.0
     with pytest.raises(openai.UnprocessableEntityError) as info:
         await sdk.chat.completions.create(

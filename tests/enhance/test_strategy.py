@@ -387,12 +387,12 @@ def test_auto_plans_deep_with_the_second_path_at_stage_two() -> None:
     assert [s.path for s in choice.plan()] == ["cot", "decompose", "cot", "cot", "cot"]
 
 
-def test_auto_runs_one_sample_at_a_time_until_stage_three() -> None:
+def test_auto_runs_one_sample_at_a_time() -> None:
     s = auto()
     assert s.wave([queued(i) for i in range(5)]) == 1
     assert s.wave([done(0, "4", temperature=0), *[queued(i) for i in range(1, 5)]]) == 1
     two = [done(0, "4", temperature=0), done(1, "5"), *[queued(i) for i in range(2, 5)]]
-    assert s.wave(two) == s.window(5) == 3
+    assert s.wave(two) == 1 and strategy("deep").wave(two) == 3
 
 
 def test_auto_stage_one_ends_when_the_greedy_answer_is_confident() -> None:
@@ -415,15 +415,19 @@ def test_auto_stage_two_ends_when_both_paths_agree_and_are_sure_together() -> No
     assert not auto(target=0.1).stop(disagree).stop
 
 
-def test_auto_stage_three_is_the_stop_rule_over_every_sample() -> None:
+def test_auto_stage_three_is_the_stop_rule_at_the_modes_vote_target() -> None:
     ran = [done(0, "4", temperature=0), done(1, "5"), done(2, "4")]
-    # 2 of 3 for "4" with two samples left: P(leader stays) = 11/16
-    check = auto(target=0.6).stop([*ran, queued(3), queued(4)])
+    # 2 of 3 for "4" with two samples left: P(leader stays) = 11/16 >= the vote target 0.5,
+    # whatever the task's target (which ends stages 1 and 2)
+    check = auto(target=0.99).stop([*ran, queued(3), queued(4)])
     assert check.stop and check.reason == "confident" and check.probability == 11 / 16
-    assert not auto(target=0.7).stop([*ran, queued(3), queued(4)]).stop
-    decided = auto(target=0.99).stop([*ran, done(3, "4"), queued(4)])
+    stricter = SETTINGS.model_copy(deep=True)
+    stricter.modes[Mode.auto] = stricter.modes[Mode.auto].model_copy(update={"vote_target": 0.7})
+    s = create_strategy(task("auto", 5, target_confidence=0.99), stricter, calibration=FLAT)
+    assert not s.stop([*ran, queued(3), queued(4)]).stop
+    decided = s.stop([*ran, done(3, "4"), queued(4)])
     assert decided.stop and decided.reason == "decided"
-    last = auto(target=0.99).stop([*ran, done(3, "5"), done(4, "6")])
+    last = s.stop([*ran, done(3, "5"), done(4, "6")])
     assert last.stop and last.reason == "complete"
 
 

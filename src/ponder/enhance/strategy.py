@@ -37,9 +37,10 @@ of :meth:`~ponder.enhance.answers.AnswerType.prepare` and
    confidence reaches the target; stage 2 runs one sample on a different reasoning path
    (program of thought for math, the type's next deep path otherwise) and ends the task
    when both answers agree and their fused confidence (``1 - (1 - c0)(1 - c1)``) reaches
-   the target; stage 3 runs the rest of the deep plan under the stop rule (the same
-   target: one knob trades tokens for accuracy at every stage). Each stage
-   reuses every earlier sample; its rows run one priority level below the task's
+   the target; stage 3 runs the rest of the deep plan under the stop rule at the mode's
+   ``vote_target`` (0.5: it ends once a sample breaks the tie of stages 1 and 2). The
+   samples run one at a time, each only while the answer is unsure, and each reuses
+   every earlier one; the escalation rows run one priority level below the task's
    (:meth:`Strategy.priority`), so they do not hold back the first answers of newer
    tasks.
 8. Deep mode: spreads samples over reasoning paths (chain-of-thought, decomposition,
@@ -240,6 +241,14 @@ class Strategy:
         target = self.task.target_confidence
         return target if target is not None else self.config.target_confidence
 
+    @property
+    def vote_target(self) -> float:
+        """The stop rule's target: ``target_confidence``; auto mode's stage 3: the mode's
+        ``vote_target`` where it has one."""
+        if self.cascade and self.config.vote_target is not None:
+            return self.config.vote_target
+        return self.target_confidence
+
     def plan(self) -> list[Sample]:
         """The task's samples (sample 0 greedy when there are several)."""
         task = self.task
@@ -276,10 +285,8 @@ class Strategy:
 
     def wave(self, samples: Sequence[Sample]) -> int:
         """How many samples run at once now: :meth:`window`; in auto mode one at a time
-        through stages 1 and 2 (until two samples ran), then deep's window."""
-        if self.cascade and _ended(samples) < 2:
-            return 1
-        return self.window(len(samples))
+        (each further sample only while the answer is unsure)."""
+        return 1 if self.cascade else self.window(len(samples))
 
     def stage(self, samples: Sequence[Sample]) -> int:
         """Auto mode: the stage the samples that ran belong to (1, 2 or 3)."""
@@ -423,8 +430,11 @@ class Strategy:
         """After a finished sample: whether the rest of the samples can be skipped."""
         remaining = sum(s.status in (SampleStatus.queued, SampleStatus.running) for s in samples)
         voters = [s for s in _done(samples) if s.answer is not None]
-        if self.cascade and remaining and _ended(samples) < 3:
-            return self._stage_check(samples, voters)
+        if self.cascade and _ended(samples) < 3:
+            check = self._stage_check(samples, voters)
+            if check.stop or remaining:
+                return check
+            return StopCheck(True, check.probability, self._ran_out(samples))
         if not voters:
             return StopCheck(remaining == 0, 0.0, self._ran_out(samples) if not remaining else None)
         sizes = sorted(
@@ -433,14 +443,14 @@ class Strategy:
         )
         probability = leader_probability(sizes)
         if remaining == 0:
-            settled = self.early_stop and probability >= self.target_confidence
+            settled = self.early_stop and probability >= self.vote_target
             return StopCheck(True, probability, "confident" if settled else self._ran_out(samples))
         if not self.early_stop:
             return StopCheck(False, probability)
         runner_up = sizes[1] if len(sizes) > 1 else 0
         if sizes[0] > runner_up + remaining:
             return StopCheck(True, 1.0, "decided")
-        if probability >= self.target_confidence:
+        if probability >= self.vote_target:
             return StopCheck(True, probability, "confident")
         return StopCheck(False, probability)
 
