@@ -387,7 +387,8 @@ SUBMIT_PARAMETERS = {
     "prompt": None, "messages": None, "mode": "standard", "task_type": "auto", "priority": 3,
     "callback_url": None, "samples": None, "max_new_tokens": None, "temperature": None,
     "timeout_s": None, "tests": None, "stop": None, "early_stop": None,
-    "target_confidence": None, "metadata": None, "idempotency_key": None,
+    "target_confidence": None, "max_samples": None, "max_total_tokens": None,
+    "metadata": None, "idempotency_key": None,
 }  # fmt: skip
 
 
