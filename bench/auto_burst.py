@@ -29,8 +29,9 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from auto_live import free_port, pctl, ready
+from chaos import wait_ready
 from ponder.client import AsyncClient
+from procs import free_port, percentile
 from quality_collect import RESULTS, load_avg
 
 REPORT = RESULTS / "auto-burst.md"
@@ -87,7 +88,7 @@ async def burst(client: AsyncClient, mode: str, tasks: int, gap_s: float) -> lis
 
 def describe(rows: list[dict[str, Any]]) -> str:
     firsts = [r["first_s"] for r in rows]
-    return f"{pctl(firsts, 0.5):.2f} | {pctl(firsts, 0.99):.2f}"
+    return f"{percentile(firsts, 50):.2f} | {percentile(firsts, 99):.2f}"
 
 
 async def main_async(args: argparse.Namespace) -> int:
@@ -97,7 +98,7 @@ async def main_async(args: argparse.Namespace) -> int:
     proc = serve(port, workdir, args)
     results: dict[str, list[dict[str, Any]]] = {"auto": [], "standard": []}
     try:
-        await ready(url, proc, 120)
+        await wait_ready(url, workers=1, timeout_s=120)
         load = load_avg()
         async with AsyncClient(url, timeout=600) as client:
             for r in range(args.rounds):
@@ -128,7 +129,7 @@ async def main_async(args: argparse.Namespace) -> int:
         ends = [r["end_s"] for r in rows]
         lines.append(
             f"| {mode} | {len(rows)} | {describe(rows)} | {describe(newer)} | "
-            f"{pctl(ends, 0.5):.2f} | {sum(r['samples'] for r in rows) / len(rows):.2f} |"
+            f"{percentile(ends, 50):.2f} | {sum(r['samples'] for r in rows) / len(rows):.2f} |"
         )
     auto = [r["first_s"] for r in results["auto"]]
     std = [r["first_s"] for r in results["standard"]]
@@ -137,7 +138,8 @@ async def main_async(args: argparse.Namespace) -> int:
         "",
         f"Auto tasks ended in stage 1: {stages[1]}, stage 2: {stages[2]}, stage 3: "
         f"{stages[3]}. Time to first answer, auto against standard: p50 "
-        f"{pctl(auto, 0.5) / pctl(std, 0.5):.2f}x, p99 {pctl(auto, 0.99) / pctl(std, 0.99):.2f}x.",
+        f"{percentile(auto, 50) / percentile(std, 50):.2f}x, "
+        f"p99 {percentile(auto, 99) / percentile(std, 99):.2f}x.",
         "",
     ]
     text = "\n".join(lines)

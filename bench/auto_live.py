@@ -23,7 +23,6 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -32,13 +31,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from chaos import wait_ready
 from ponder.client import AsyncClient
 from ponder.enhance.strategy import create_strategy
 from ponder.types import Sample, SampleStatus, Task
+from procs import free_port, percentile
 from quality_collect import DATASETS, RESULTS, ROOT, Scorer, load_avg
 from quality_replay import SETTINGS, mcnemar, wilson
 
@@ -65,13 +64,6 @@ def read_lines(path: Path) -> list[dict[str, Any]]:
     return lines
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 def serve(port: int, workdir: Path) -> subprocess.Popen[bytes]:
     env = {
         **os.environ,
@@ -91,21 +83,6 @@ def serve(port: int, workdir: Path) -> subprocess.Popen[bytes]:
     return subprocess.Popen(
         [str(ponder), "serve", "--port", str(port)], env=env, stdout=log, stderr=log
     )
-
-
-async def ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(base_url=url, timeout=5) as http:
-        while time.monotonic() < deadline:
-            if proc.poll() is not None:
-                raise RuntimeError(f"ponder serve exited with {proc.returncode}")
-            try:
-                if (await http.get("/readyz")).status_code == 200:
-                    return
-            except httpx.HTTPError:  # not up yet
-                pass
-            await asyncio.sleep(1.0)
-    raise TimeoutError("ponder serve was not ready in time")
 
 
 async def run_task(client: AsyncClient, problem: Any, mode: str) -> dict[str, Any]:
@@ -167,11 +144,6 @@ def replay_matches(line: dict[str, Any]) -> bool:
     return stage == (task.result.stage if task.result else None) and answer == line["answer"]
 
 
-def pctl(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))]
-
-
 def write_report(lines: list[dict[str, Any]], scorer: Scorer, args: argparse.Namespace) -> str:
     by_mode: dict[str, dict[str, dict[str, Any]]] = {"auto": {}, "standard": {}}
     for line in lines:
@@ -204,11 +176,11 @@ def write_report(lines: list[dict[str, Any]], scorer: Scorer, args: argparse.Nam
         walls = [r["wall_s"] for r in rows]
         firsts = [r["first_answer_s"] for r in rows]
         window_s = sum({r["window"]: r["window_s"] for r in rows}.values())
-        figures[mode] = {"acc": k / len(rows), "wall": window_s, "first": pctl(firsts, 0.5)}
+        figures[mode] = {"acc": k / len(rows), "wall": window_s, "first": percentile(firsts, 50)}
         out.append(
             f"| {mode} | {k}/{len(rows)} | {100 * k / len(rows):.1f} | {100 * lo:.1f}-"
             f"{100 * hi:.1f} | {window_s:.0f} | {statistics.median(walls):.1f} | "
-            f"{pctl(firsts, 0.5):.1f} | {pctl(firsts, 0.99):.1f} | "
+            f"{percentile(firsts, 50):.1f} | {percentile(firsts, 99):.1f} | "
             f"{sum(r['completion_tokens'] for r in rows) / len(rows):.0f} | "
             f"{sum(r['samples_used'] for r in rows) / len(rows):.2f} |"
         )
@@ -254,7 +226,7 @@ async def main_async(args: argparse.Namespace) -> int:
         url = f"http://127.0.0.1:{port}"
         proc = serve(port, workdir)
         try:
-            await ready(url, proc, 900)
+            await wait_ready(url, workers=1, timeout_s=900)  # the model loads first
             print(f"serving on {port}; load {load_avg()}", flush=True)
             async with AsyncClient(url, timeout=3600) as client:
                 windows = [

@@ -462,26 +462,18 @@ def cv_log_loss(
 
 
 def auto_targets(reports: Sequence[ModelReport], half: int) -> dict[str, dict[str, Any]]:
-    """Per model, on one half: ``standard`` (N=5), auto at each target (by its target) and
-    each variant at the default (by its name): (accuracy, tokens per problem as a share of
-    standard N=5's)."""
+    """Per model, on one half, from the replays of :func:`replay_all`: ``standard`` (N=5),
+    auto at each target (by its target) and each variant at the default (by its name):
+    (accuracy, tokens per problem as a share of standard N=5's)."""
+    names = {"standard": "ponder@5", **{str(t): f"auto@{t}" for t in AUTO_TARGETS}}
+    names |= {v: f"{v}@{AUTO_DEFAULT}" for v in AUTO_VARIANTS}
     out: dict[str, dict[str, Any]] = {}
     for rep in reports:
-        r = rep.replayer
-        part = [x for x in rep.records if half_of(x["key"]) == half]
-        runs: dict[str, list[Outcome]] = {"standard": [r.run(x, "standard", [0, 1, 2, 3, 4])
-                                                        for x in part]}  # fmt: skip
-        for target in AUTO_TARGETS:
-            runs[str(target)] = [r.auto(x, target) for x in part]
-        for name, (_, tweak) in AUTO_VARIANTS.items():
-            runs[name] = [r.auto(x, AUTO_DEFAULT, tweak=tweak) for x in part]
+        runs = {k: [o for o in rep.configs[n] if half_of(o.key) == half] for k, n in names.items()}
         std_tokens = sum(o.tokens for o in runs["standard"])
         out[rep.model] = {
-            name: (
-                sum(o.correct for o in rows) / len(part),
-                sum(o.tokens for o in rows) / std_tokens,
-            )
-            for name, rows in runs.items()
+            k: (sum(o.correct for o in rows) / len(rows), sum(o.tokens for o in rows) / std_tokens)
+            for k, rows in runs.items()
         }
     return out
 
@@ -611,8 +603,7 @@ def greedy_confidence(
     out: dict[str, dict[str, tuple[float, float]]] = {}
     for rep in reports:
         r = rep.replayer
-        keyed = [row for row in r.sample_rows(half=0)]
-        before = fit_logistic([(f, c) for f, c, _ in keyed], OLD_SAMPLE_FEATURES)
+        before = fit_logistic([(f, c) for f, c, _ in r.sample_rows(half=0)], OLD_SAMPLE_FEATURES)
         scores: dict[str, list[tuple[float, bool]]] = {"before": [], "after": []}
         for x in rep.records:
             if half_of(x["key"]) != 1:

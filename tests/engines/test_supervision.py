@@ -32,7 +32,7 @@ from ponder.schemas import TaskCreate
 from ponder.store import create_store
 from ponder.store.records import Admission
 from ponder.types import TaskStatus
-from tests.conftest import free_port
+from tests.conftest import free_port, until
 from tests.engines.prompts import CAPITAL, STORY, greedy, ok, run
 
 pytestmark = [pytest.mark.model, pytest.mark.timeout(300)]
@@ -64,11 +64,10 @@ def exited(pid: int) -> bool:
 
 
 async def wait_until(check: Callable[[], object], what: str, timeout_s: float = 60) -> float:
-    """Poll ``check()`` until true; the seconds it took (AssertionError at the timeout)."""
+    """:func:`~tests.conftest.until` ``check()`` (the engine's watcher thread announces
+    nothing to this loop), finely; the seconds it took."""
     start = time.monotonic()
-    while not check():
-        assert time.monotonic() - start < timeout_s, f"waited {timeout_s} s for {what}"
-        await asyncio.sleep(0.005)
+    await until(check, timeout_s, what, interval_s=0.005)
     return time.monotonic() - start
 
 
@@ -158,7 +157,7 @@ async def test_a_crash_loop_backs_off_reports_its_last_error_and_recovers(
         assert described["process_error"] == health
         # a row waits meanwhile (it is not failed), and runs once the file is good again
         row = asyncio.create_task(engine.submit(greedy(CAPITAL, 8)))
-        await asyncio.sleep(0)
+        await wait_until(lambda: engine.describe()["rows_queued"] == 1, "the row queued", 10)
         assert not row.done()
         engine._config["path"] = model_path
         await wait_until(lambda: engine.health() is None, "the recovery", 120)
@@ -191,7 +190,7 @@ _CHILD = textwrap.dedent(
             await asyncio.gather(*rows, return_exceptions=True)
             print("closed", flush=True)
         else:
-            await asyncio.sleep(600)  # killed here
+            await asyncio.Event().wait()  # killed here
 
     asyncio.run(main(sys.argv[1] == "close"))
     """
@@ -222,10 +221,7 @@ def test_the_engine_process_ends_quietly(tmp_path: Path, end: str) -> None:
         else:
             parent.kill()
             parent.wait(60)
-        deadline = time.monotonic() + 60
-        while not exited(pid):  # a process of the parent's: no event of ours announces its end
-            assert time.monotonic() < deadline, "the engine process outlived its parent"
-            time.sleep(0.02)
+        poll(lambda: exited(pid), 60, "the engine process to end after its parent")
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -345,11 +341,9 @@ def test_ponder_serve_reports_a_dead_engine_and_stops_quietly(tmp_path: Path) ->
 
 
 def poll(check: Callable[[], object], timeout_s: float, what: str) -> None:
-    """Poll another process's state (no event of ours announces it) until ``check()``."""
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        assert time.monotonic() < deadline, f"waited {timeout_s} s for {what}"
-        time.sleep(0.01)
+    """Another process's state (no event of ours announces it), from a test that is not a
+    coroutine: :func:`~tests.conftest.until` ``check()``."""
+    asyncio.run(until(check, timeout_s, what, interval_s=0.01))
 
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
