@@ -2,13 +2,9 @@
 
 from __future__ import annotations
 
-from importlib.metadata import PackageNotFoundError, version
 from typing import TYPE_CHECKING, Any
 
-try:
-    __version__ = version("ponder")  # the installed distribution's
-except PackageNotFoundError:  # run from a source tree that was never installed
-    __version__ = "0+unknown"
+from ponder.version import __version__
 
 __all__ = ["AsyncClient", "Client", "__version__"]
 

@@ -58,7 +58,7 @@ _DEFAULT_URL = "http://127.0.0.1:8000"
 
 def _print_version(value: bool) -> None:
     if value:
-        from ponder import __version__
+        from ponder.version import __version__
 
         console.print(f"ponder {__version__}", highlight=False)
         raise typer.Exit()

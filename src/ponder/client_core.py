@@ -26,7 +26,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 import httpx
 from pydantic import ValidationError
 
-from ponder import __version__
+from ponder.version import __version__
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final

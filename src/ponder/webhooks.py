@@ -48,7 +48,8 @@ from urllib.parse import urlsplit
 import httpx
 from standardwebhooks import Webhook, WebhookVerificationError
 
-from ponder import __version__, metrics
+from ponder import metrics
+from ponder.version import __version__
 from ponder.aio import cancel_and_wait
 from ponder.errors import RecoverableError
 from ponder.outbox import EVENTS, PRELIMINARY, OutboxEntry, terminal_event, webhook_id

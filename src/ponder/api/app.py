@@ -13,7 +13,7 @@ from fastapi import FastAPI
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ponder import __version__
+from ponder.version import __version__
 from ponder.aio import cancel_and_wait
 from ponder.api import (
     batches,
