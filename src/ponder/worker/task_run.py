@@ -1,39 +1,29 @@
-"""The worker: claim tasks fairly across priorities, run their samples, finish them.
+"""One task's run: its samples on the engine, the budget, the usage, its end.
 
-A task becomes samples; each sample is one row handed to the engine (which runs rows of
-many tasks in one batch, joining and leaving per step). Only workers move a task forward
-(pending → running → an end); every write is a compare-and-set on the task's revision,
-so a cancel by the API is never overwritten: the worker hears of it at once (the store's
-cancel notice) or at the next sample boundary, and stops using the engine for that task.
+A :class:`TaskRun` reads the claimed task, starts it (pending → running), runs its
+samples the strategy's wave at a time (each sample one row handed to the engine through a
+:class:`SampleRunner`), stops them at the vote's early stop, the token budget or the task
+deadline, and writes the end state with the vote's result. Every write is a
+compare-and-set on the task's revision: a conflict with a client cancel or a takeover by
+another worker abandons the run (:class:`TaskAbandoned`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
-import math
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from ponder import metrics
-from ponder.aio import cancel_and_wait
 from ponder.config import Settings
-from ponder.deltas import FOLLOW_TTL_S, DeltaPublisher
+from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import StopReason, Strategy, create_strategy
-from ponder.errors import (
-    EngineBusy,
-    EngineDeadError,
-    EngineError,
-    RecoverableError,
-    StoreUnavailable,
-)
-from ponder.scheduling import WeightedFairPicker
+from ponder.errors import EngineBusy, EngineDeadError, EngineError, StoreUnavailable
 from ponder.states import check_transition, is_terminal
-from ponder.store.base import Claim, Notice, TaskStore
+from ponder.store.base import Claim, TaskStore
 from ponder.types import (
     EventName,
     Sample,
@@ -45,16 +35,14 @@ from ponder.types import (
     utcnow,
 )
 
-__all__ = ["SampleRunner", "Worker"]
+__all__ = ["BACKOFF_MAX_S", "SampleRunner", "TaskAbandoned", "TaskRun"]
 
 _R = TypeVar("_R")
 
 log = logging.getLogger("ponder.worker")
 
-_BACKOFF_MIN_S = 0.05
-_BACKOFF_MAX_S = 2.0
-#: longest blocking read of the store's notices (a stop cancels it sooner)
-_NOTICE_BLOCK_MS = 5000
+#: the longest wait between retries (the engine's full queue, the store's outages)
+BACKOFF_MAX_S = 2.0
 #: compare-and-set retries of one task write when only webhook records changed under it
 _SAVE_RETRIES = 5
 #: after a task's deadline (or the early stop), how long its stopped samples get to return
@@ -72,35 +60,11 @@ class TaskAbandoned(Exception):
     """The task was cancelled, or taken over by another worker, while this one ran it."""
 
 
-@dataclass
-class _InFlight:
-    """A claimed queue entry and the run of its task."""
+class TaskRun:
+    """Runs one claimed task to an end state.
 
-    claim: Claim
-    job: asyncio.Task[None] | None = None
-    #: the run, made when the job starts (a follow notice reaches it here)
-    task_run: TaskRun | None = None
-    run: asyncio.Task[bool] | None = None
-    #: the client cancelled the task (the notice may come before the run has started)
-    cancelled: bool = False
-
-
-class Worker:
-    """Claims and runs tasks until stopped.
-
-    ``run()`` owns every background task it starts (claim loop, heartbeat, the watches of
-    cancel and follow notices, one job per task) and awaits them all before returning.
-    ``stop()`` stops claiming; running tasks get ``shutdown_grace_s`` to finish, then are
-    cancelled and their queue entries released for another worker (their finished samples
-    are kept).
-
-    Takeover: each claim call first takes over (:meth:`TaskStore.reclaim`, at most once a
-    second) as many entries as the worker has free slots: every entry of a worker whose
-    registration is older than the lease, and entries whose lease lapsed.
-
-    No store error ends the worker: an unreachable store, lost keys or lost consumer
-    groups (FLUSHDB, a restart without persistence), LOADING or READONLY are logged, waited
-    out with back-off, and what is missing is recreated by the store.
+    ``runner`` runs its samples' rows; ``followed``: a client follows the task's text
+    already (its deltas are written from the start).
     """
 
     def __init__(
@@ -108,307 +72,13 @@ class Worker:
         store: TaskStore,
         runner: SampleRunner,
         settings: Settings,
+        claim: Claim,
         *,
-        worker_id: str | None = None,
+        followed: bool = False,
     ) -> None:
         self.store = store
         self.runner = runner
         self.settings = settings
-        self.worker_id = worker_id or f"{settings.node_id}-w"
-        self._picker = WeightedFairPicker(settings.priority_quotas)
-        self._slots = asyncio.Semaphore(settings.worker_max_tasks)
-        #: by claim: an entry id alone is not unique (each priority level is a queue of its own)
-        self._in_flight: dict[Claim, _InFlight] = {}
-        self._stopping = asyncio.Event()
-        self._reclaim_every_s = min(settings.heartbeat_interval_s, 1.0)
-        self._last_reclaim = -math.inf
-        #: set by a store error: the first call that works again does not take over
-        self._store_was_away = False
-        #: the last takeover filled every free slot: there may be more to take at once
-        self._more_to_take = False
-        #: tasks whose text a client follows: when the follow notice came (monotonic)
-        self._followed: dict[str, float] = {}
-
-    # --- lifecycle --------------------------------------------------------------------
-    def stop(self) -> None:
-        """Stop claiming new tasks (running ones finish within the grace period)."""
-        self._stopping.set()
-
-    @property
-    def in_flight(self) -> int:
-        return len(self._in_flight)
-
-    async def run(self, *, burst: bool = False) -> None:
-        """Run until :meth:`stop` (or, with ``burst``, until no task is left to claim)."""
-        if not await self._register():
-            return  # stopped while waiting for the store
-        watchers = [
-            asyncio.create_task(self._heartbeat_loop(), name=f"{self.worker_id}-heartbeat"),
-            asyncio.create_task(
-                self._notice_loop(Notice.cancel, self._cancelled), name=f"{self.worker_id}-cancels"
-            ),
-            asyncio.create_task(
-                self._notice_loop(Notice.follow, self._followed_now),
-                name=f"{self.worker_id}-follows",
-            ),
-        ]
-        try:
-            await self._claim_loop(burst=burst)
-        finally:
-            await self._drain()
-            await cancel_and_wait(watchers)
-            with contextlib.suppress(RecoverableError):
-                await self.store.unregister_worker(self.worker_id)
-
-    async def _register(self) -> bool:
-        """Register before the first claim (other workers take over the entries of a
-        consumer that is not registered); False if stopped while the store is away."""
-        delay_s = _BACKOFF_MIN_S
-        while not self._stopping.is_set():
-            try:
-                await self.store.register_worker(self.worker_id, self.settings.lease_s)
-            except RecoverableError as e:
-                log.debug("worker %s waits for the store: %s", self.worker_id, e)
-                await self._sleep_unless_stopping(delay_s)
-                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
-            else:
-                return True
-        return False
-
-    async def _claim_loop(self, *, burst: bool) -> None:
-        backoff_s = _BACKOFF_MIN_S
-        while await self._free_slot():
-            held = 1
-            reclaim = self._reclaim_due()
-            while reclaim and not self._slots.locked():  # a takeover may fill every free slot
-                await self._slots.acquire()
-                held += 1
-            try:
-                claims = await self._next_claims(held, reclaim)
-            except RecoverableError as e:
-                for _ in range(held):
-                    self._slots.release()
-                self._store_was_away = True
-                log.warning("store unavailable, retrying in %.2fs: %s", backoff_s, e)
-                await self._sleep_unless_stopping(backoff_s)
-                backoff_s = min(backoff_s * 2, _BACKOFF_MAX_S)
-                continue
-            except BaseException:
-                for _ in range(held):
-                    self._slots.release()
-                raise
-            backoff_s = _BACKOFF_MIN_S
-            started = sum(self._start_job(claim) for claim in claims)
-            for _ in range(held - started):
-                self._slots.release()
-            if not claims and burst and not self._in_flight:
-                return
-
-    async def _free_slot(self) -> bool:
-        """Take a free slot; False (holding none) once :meth:`stop` is called, also while
-        every slot is held by a run that never ends (stop then reaches the drain)."""
-        if self._stopping.is_set():
-            return False
-        if not self._slots.locked():  # one free now: no waiting, no tasks to start
-            await self._slots.acquire()
-            return True
-        acquire = asyncio.create_task(self._slots.acquire())
-        stopping = asyncio.create_task(self._stopping.wait())
-        try:
-            await asyncio.wait((acquire, stopping), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            await cancel_and_wait([acquire, stopping])
-        got = acquire.done() and not acquire.cancelled()
-        if got and self._stopping.is_set():
-            self._slots.release()
-            return False
-        return got
-
-    def _reclaim_due(self) -> bool:
-        """Whether the next claim looks for entries to take over first: at most once per
-        ``_reclaim_every_s``, and at once while a takeover fills every free slot (a busy
-        worker frees one slot at a time, and the rest of a takeover goes before any new
-        entry). After a store outage no takeover for one heartbeat interval: every
-        worker's registration and leases may have lapsed meanwhile, and the live ones
-        renew them within that time (their heartbeat retries sooner after a failure)."""
-        now = time.monotonic()
-        if self._store_was_away:
-            self._store_was_away = False
-            self._more_to_take = False
-            self._last_reclaim = now + self.settings.heartbeat_interval_s - self._reclaim_every_s
-        return self._more_to_take or now - self._last_reclaim >= self._reclaim_every_s
-
-    async def _next_claims(self, room: int, reclaim: bool) -> list[Claim]:
-        """With ``reclaim``, entries taken over from dead or lapsed workers (up to
-        ``room``); else, or when there are none, one new entry."""
-        if reclaim:
-            self._last_reclaim = time.monotonic()
-            taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
-            self._more_to_take = len(taken) == room
-            if taken:
-                metrics.TASKS_RECLAIMED.inc(len(taken))
-                log.info("worker %s took over %d task(s)", self.worker_id, len(taken))
-                return taken
-        claim = await self.store.claim(
-            self.worker_id, self._picker.order(), self.settings.claim_block_ms
-        )
-        return [] if claim is None else [claim]
-
-    def _start_job(self, claim: Claim) -> bool:
-        """Start running ``claim``; False when it already runs here (its own lapsed lease,
-        taken back: the run goes on)."""
-        if claim in self._in_flight:
-            return False
-        flight = _InFlight(claim=claim)
-        flight.job = asyncio.create_task(self._run_claim(flight), name=f"task-{claim.task_id}")
-        self._in_flight[claim] = flight
-
-        def finished(t: asyncio.Task[None]) -> None:
-            self._in_flight.pop(claim, None)
-            self._slots.release()
-            if not t.cancelled() and t.exception() is not None:
-                log.error("task %s: unexpected error", claim.task_id, exc_info=t.exception())
-
-        flight.job.add_done_callback(finished)
-        return True
-
-    async def _drain(self) -> None:
-        jobs = [f.job for f in self._in_flight.values() if f.job is not None]
-        if not jobs:
-            return
-        _, still = await asyncio.wait(jobs, timeout=self.settings.shutdown_grace_s)
-        await cancel_and_wait(still)
-
-    async def _sleep_unless_stopping(self, delay_s: float) -> None:
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), delay_s)
-
-    async def _heartbeat_loop(self) -> None:
-        """Keep this worker registered and renew the leases of its running tasks."""
-        delay_s = self.settings.heartbeat_interval_s
-        while True:
-            await asyncio.sleep(delay_s)
-            try:
-                await self.store.register_worker(self.worker_id, self.settings.lease_s)
-                claims = [f.claim for f in self._in_flight.values()]
-                if claims:
-                    await self.store.renew(self.worker_id, claims)
-            except RecoverableError as e:
-                log.warning("heartbeat: %s", e)
-                delay_s = min(self.settings.heartbeat_interval_s, _BACKOFF_MAX_S)
-            else:
-                delay_s = self.settings.heartbeat_interval_s
-
-    async def _notice_loop(self, topic: Notice, handle: Callable[[list[str]], None]) -> None:
-        """Hand the store's notices of ``topic`` to ``handle`` as they come (a blocking
-        read, no polling)."""
-        cursor: str | None = None
-        delay_s = _BACKOFF_MIN_S
-        while True:
-            try:
-                cursor, task_ids = await self.store.read_notices(topic, cursor, _NOTICE_BLOCK_MS)
-            except RecoverableError as e:  # the claim loop reports store outages
-                log.debug("%s notices: %s", topic.value, e)
-                await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
-                continue
-            delay_s = _BACKOFF_MIN_S
-            if task_ids:
-                handle(task_ids)
-
-    def _cancelled(self, task_ids: list[str]) -> None:
-        """Stop the runs of tasks the client cancelled."""
-        for flight in self._in_flight.values():
-            if flight.claim.task_id in task_ids:
-                flight.cancelled = True
-                if flight.run is not None:
-                    flight.run.cancel()
-
-    def _followed_now(self, task_ids: list[str]) -> None:
-        """A client follows these tasks' text: their runs here write their deltas, and so
-        do runs that start within :data:`~ponder.deltas.FOLLOW_TTL_S`."""
-        now = time.monotonic()
-        self._followed = {t: at for t, at in self._followed.items() if now - at < FOLLOW_TTL_S}
-        self._followed.update(dict.fromkeys(task_ids, now))
-        for flight in self._in_flight.values():
-            if flight.task_run is not None and flight.claim.task_id in task_ids:
-                flight.task_run.follow()
-
-    def is_followed(self, task_id: str) -> bool:
-        """Whether a client followed ``task_id``'s text within the last
-        :data:`~ponder.deltas.FOLLOW_TTL_S`."""
-        at = self._followed.get(task_id)
-        return at is not None and time.monotonic() - at < FOLLOW_TTL_S
-
-    # --- one task ---------------------------------------------------------------------
-    async def _run_claim(self, flight: _InFlight) -> None:
-        """Run the task, then acknowledge its queue entry.
-
-        The entry stays claimed (its lease renewed) while the task runs, so a crash leads
-        to a takeover that resumes the work. Webhooks are not sent here: the task's
-        terminal write put them in the outbox. A client cancel stops the run (the cancel
-        wrote the end state); a shutdown releases the entry for another worker.
-        """
-        claim = flight.claim
-        finished = False
-        run = flight.task_run = TaskRun(self, claim)
-        try:
-            flight.run = asyncio.create_task(run.run(), name=f"run-{claim.task_id}")
-            if flight.cancelled:
-                flight.run.cancel()
-            try:
-                finished = await flight.run
-            except asyncio.CancelledError:
-                job = asyncio.current_task()
-                if job is not None and job.cancelling():
-                    raise  # shutdown
-                finished = True  # stopped by the cancel notice of a cancelled task
-                await _quiet(run.keep_usage())
-            except EngineDeadError as e:
-                # the task is not at fault: release it for a worker whose engine works
-                log.error("task %s released: %s; this worker stops claiming", claim.task_id, e)
-                self.stop()
-        except asyncio.CancelledError:
-            task = await _quiet(self.store.get_task(claim.task_id))
-            finished = task is None or is_terminal(task.status)
-            raise
-        except RecoverableError as e:  # the store stayed away for a lease: give it up
-            log.warning("task %s: given up for another worker: %s", claim.task_id, e)
-        finally:
-            if finished:
-                if not run.acked:  # the task's last write acks it; else (cancel, gone) here
-                    await _quiet(asyncio.shield(self.store.ack(claim)))
-            else:
-                await _quiet(asyncio.shield(self.store.release(claim)))
-
-
-async def _settle(jobs: Sequence[asyncio.Task[None]]) -> None:
-    """Wait for sample jobs whose rows were stopped on the engine to return their text so
-    far; a job not back within a grace period is cancelled (its text is lost)."""
-    if not jobs:
-        return
-    _, late = await asyncio.wait(jobs, timeout=_DEADLINE_GRACE_S)
-    for job in late:
-        job.cancel()
-    await asyncio.gather(*jobs, return_exceptions=True)
-
-
-async def _quiet(aw: Any) -> Any:
-    """Await bookkeeping whose failure must not mask the original outcome."""
-    try:
-        return await aw
-    except RecoverableError as e:
-        log.warning("bookkeeping failed: %s", e)
-        return None
-
-
-class TaskRun:
-    """Runs one claimed task to an end state."""
-
-    def __init__(self, worker: Worker, claim: Claim) -> None:
-        self.worker = worker
-        self.store = worker.store
-        self.settings = worker.settings
         self.claim = claim
         self.task: Task
         self._stored: tuple[TaskStatus, int] = (TaskStatus.pending, 0)
@@ -420,6 +90,8 @@ class TaskRun:
         self._extra = Tokens()
         #: the running samples' max_new_tokens, by index (what the token budget reserves)
         self._reserved: dict[int, int] = {}
+        #: the samples not started yet, in plan order (:meth:`_run_samples`)
+        self._queued: list[Sample] = []
         #: why sampling ended (Result.stop_reason)
         self._stop_reason: StopReason = "complete"
         #: events of the last sample boundary, written with the task's end (one write less)
@@ -428,7 +100,7 @@ class TaskRun:
             self.store,
             claim.task_id,
             self.settings.delta_interval_ms / 1000,
-            followed=worker.is_followed(claim.task_id),
+            followed=followed,
         )
         #: the queue entry was acked with the task's terminal write
         self.acked = False
@@ -531,7 +203,7 @@ class TaskRun:
                     raise
                 log.warning("task %s: store unavailable, retrying the write", self.task.id)
                 await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
+                delay_s = min(delay_s * 2, BACKOFF_MAX_S)
 
     async def _start(self) -> None:
         task = self.task
@@ -560,31 +232,13 @@ class TaskRun:
         :meth:`_end`)."""
         task, strategy = self.task, self.strategy
         deadline = self._deadline()
-        queued = [s for s in task.samples if s.status == SampleStatus.queued]
+        self._queued = [s for s in task.samples if s.status == SampleStatus.queued]
         jobs: dict[asyncio.Task[None], Sample] = {}
-
-        def launch(count: int) -> None:
-            for sample in queued[: max(0, count)]:
-                tokens = self._tokens_left()
-                if tokens is not None and tokens < 1:
-                    break  # the token budget is spent: nothing more starts
-                sample.status = SampleStatus.running
-                cap = task.max_new_tokens if tokens is None else min(task.max_new_tokens, tokens)
-                self._reserved[sample.index] = cap
-                jobs[asyncio.create_task(self._run_sample(sample, cap))] = sample
-                queued.remove(sample)
-
-        def skip_queued(reason: StopReason) -> None:
-            for sample in queued:
-                sample.status = SampleStatus.skipped
-            queued.clear()
-            self._stop_reason = reason
-
-        launch(strategy.wave(task.samples) - self._ran())
+        self._launch(jobs, strategy.wave(task.samples) - self._ran())
         if not jobs:  # a reclaimed task whose first wave had already ended
-            launch(strategy.wave(task.samples))
-        if not jobs and queued:
-            skip_queued("budget")
+            self._launch(jobs, strategy.wave(task.samples))
+        if not jobs and self._queued:
+            self._skip_queued("budget")
         stopped: list[asyncio.Task[None]] = []  # cancelled by the early stop
         try:
             while jobs and (remaining := deadline - time.monotonic()) > 0:
@@ -593,34 +247,7 @@ class TaskRun:
                 )
                 if not done:
                     break
-                events = self._collect(jobs)
-                events += await self._preliminary()
-                check = await self._off_loop(strategy.stop)
-                if check.stop:
-                    events += self._collect(jobs)  # samples that ended meanwhile still count
-                    for job, sample in jobs.items():
-                        # skipped: the engine stops the row and returns what it wrote,
-                        # whose tokens count in the usage (a row not yet sent is dropped)
-                        sample.status = SampleStatus.skipped
-                        row = self._rows.get(sample.index)
-                        if row is not None:
-                            row.cancel()
-                        else:
-                            job.cancel()
-                    stopped += jobs
-                    jobs.clear()
-                    skip_queued(check.reason or "complete")
-                else:
-                    # the vote is open: keep a wave's worth of samples running, so a slow
-                    # (or hanging) sample does not hold back the next ones
-                    launch(strategy.wave(task.samples) - len(jobs))
-                    if not jobs and queued:
-                        skip_queued("budget")
-                self._count()
-                if jobs or queued:
-                    await self._save(events)
-                else:  # the last boundary: its events go with the end's write
-                    self._last_events = events
+                await self._boundary(jobs, stopped)
         finally:
             await self._end_jobs(jobs)
             await _settle(stopped)
@@ -629,6 +256,62 @@ class TaskRun:
                 sample.status = SampleStatus.timeout
                 sample.error = TaskError(code="timeout", message="the task deadline passed")
                 self._stop_reason = "deadline"
+
+    async def _boundary(
+        self, jobs: dict[asyncio.Task[None], Sample], stopped: list[asyncio.Task[None]]
+    ) -> None:
+        """A sample boundary (one or more of ``jobs`` ended): their events, the anytime
+        answer, then the stop rule: stop the rest (moved to ``stopped``, their rows return
+        their text so far), or start more up to a wave; then save."""
+        events = self._collect(jobs)
+        events += await self._preliminary()
+        check = await self._off_loop(self.strategy.stop)
+        if check.stop:
+            events += self._collect(jobs)  # samples that ended meanwhile still count
+            for job, sample in jobs.items():
+                # skipped: the engine stops the row and returns what it wrote, whose
+                # tokens count in the usage (a row not yet sent is dropped)
+                sample.status = SampleStatus.skipped
+                row = self._rows.get(sample.index)
+                if row is not None:
+                    row.cancel()
+                else:
+                    job.cancel()
+            stopped += jobs
+            jobs.clear()
+            self._skip_queued(check.reason or "complete")
+        else:
+            # the vote is open: keep a wave's worth of samples running, so a slow (or
+            # hanging) sample does not hold back the next ones
+            self._launch(jobs, self.strategy.wave(self.task.samples) - len(jobs))
+            if not jobs and self._queued:
+                self._skip_queued("budget")
+        self._count()
+        if jobs or self._queued:
+            await self._save(events)
+        else:  # the last boundary: its events go with the end's write
+            self._last_events = events
+
+    def _launch(self, jobs: dict[asyncio.Task[None], Sample], count: int) -> None:
+        """Start up to ``count`` queued samples (into ``jobs``) while the token budget
+        leaves room; each may write at most what is left of it."""
+        task = self.task
+        for sample in self._queued[: max(0, count)]:
+            tokens = self._tokens_left()
+            if tokens is not None and tokens < 1:
+                break  # the token budget is spent: nothing more starts
+            sample.status = SampleStatus.running
+            cap = task.max_new_tokens if tokens is None else min(task.max_new_tokens, tokens)
+            self._reserved[sample.index] = cap
+            jobs[asyncio.create_task(self._run_sample(sample, cap))] = sample
+            self._queued.remove(sample)
+
+    def _skip_queued(self, reason: StopReason) -> None:
+        """Sampling ends for ``reason``: the samples not started are skipped."""
+        for sample in self._queued:
+            sample.status = SampleStatus.skipped
+        self._queued.clear()
+        self._stop_reason = reason
 
     def _tokens_left(self) -> int | None:
         """Completion tokens the task's ``max_total_tokens`` leaves for a new sample: the
@@ -759,10 +442,10 @@ class TaskRun:
         delay_s = 0.01
         while True:
             try:
-                return await self.worker.runner.submit(request)
+                return await self.runner.submit(request)
             except EngineBusy:
                 await asyncio.sleep(delay_s)
-                delay_s = min(delay_s * 2, _BACKOFF_MAX_S)
+                delay_s = min(delay_s * 2, BACKOFF_MAX_S)
 
     def _count(self) -> None:
         task = self.task
@@ -837,3 +520,14 @@ class TaskRun:
         events, self._last_events = self._last_events, []
         await self._save([*events, (EventName.result, task.to_public())])
         metrics.TASKS_FINISHED.labels(status=status.value).inc()
+
+
+async def _settle(jobs: Sequence[asyncio.Task[None]]) -> None:
+    """Wait for sample jobs whose rows were stopped on the engine to return their text so
+    far; a job not back within a grace period is cancelled (its text is lost)."""
+    if not jobs:
+        return
+    _, late = await asyncio.wait(jobs, timeout=_DEADLINE_GRACE_S)
+    for job in late:
+        job.cancel()
+    await asyncio.gather(*jobs, return_exceptions=True)
