@@ -1,83 +1,45 @@
-"""Webhooks: Standard Webhooks signatures, the SSRF guard, and the delivery loop.
+"""Webhook delivery: the loop that sends the outbox's due webhooks and records them.
 
-A task with a ``callback_url`` gets a POST on ``task.preliminary`` and on its terminal
-event (``task.completed``, ``task.partial``, ``task.failed``, ``task.cancelled``).
-Headers follow https://www.standardwebhooks.com: ``webhook-id`` (the same on every
-retry of one event, so receivers de-duplicate on it), ``webhook-timestamp`` and
-``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``).
-Signing and verification use the ``standardwebhooks`` package (the reference
-implementation of the spec), so a receiver may verify with it or with :func:`verify`.
-
-Delivery goes through a durable outbox (:mod:`ponder.outbox`): the task write that
-causes a webhook also stores it, and :class:`WebhookSender`, the delivery loop every
-worker process runs, sends it on the retry schedule, recording every attempt on the task
-(``task.callback.deliveries``). Delivery is at least once, de-duplicated by
-``webhook-id``: only a process that dies between a receiver's answer and the store's
-record of it makes an event arrive twice.
-
-A task's webhooks arrive in order: one attempt at a time per task (a store lease named
-by the task, across processes), and a ``task.preliminary`` not sent before the task
-ended is dropped (recorded "gave up"): no preliminary webhook arrives after its task's
-terminal one, and none carries a terminal status.
-
-Receivers::
-
-    from ponder.webhooks import WebhookVerificationError, verify
-
-    payload = verify(request.headers, raw_body, "whsec_...")  # raises if forged
+:class:`WebhookSender`, the delivery loop every worker process runs, claims due entries
+of the durable outbox (:mod:`ponder.outbox`) under a lease, checks each URL again
+(:mod:`ponder.webhooks.guard`), POSTs the signed body (:mod:`ponder.webhooks.signing`)
+and ends the entry or schedules its next attempt, recording every attempt on the task
+(``task.callback.deliveries``). A task's webhooks go out one at a time, in order.
 """
 
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
-import ipaddress
 import json
 import logging
 import random
-import secrets
-import socket
-import time
 from collections import Counter
-from collections.abc import Callable, Mapping
-from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import httpx
-from standardwebhooks import Webhook, WebhookVerificationError
 
 from ponder import metrics
-from ponder.version import __version__
 from ponder.aio import cancel_and_wait
 from ponder.errors import RecoverableError
-from ponder.outbox import EVENTS, PRELIMINARY, OutboxEntry, terminal_event, webhook_id
+from ponder.outbox import PRELIMINARY, OutboxEntry, webhook_id
 from ponder.states import is_terminal
 from ponder.store.base import HostRoom, Notice
 from ponder.types import CallbackInfo, Delivery, Task, utcnow
+from ponder.version import __version__
+from ponder.webhooks.guard import check_callback_url
+from ponder.webhooks.signing import signed_headers
 
 if TYPE_CHECKING:
     from ponder.config import Settings
     from ponder.store.base import TaskStore
 
-__all__ = [
-    "EVENTS",
-    "WebhookSender",
-    "WebhookVerificationError",
-    "check_callback_url",
-    "generate_secret",
-    "sign",
-    "signed_headers",
-    "terminal_event",
-    "verify",
-    "webhook_id",
-]
+__all__ = ["WebhookSender"]
 
 log = logging.getLogger("ponder.webhooks")
 
 _CAS_RETRIES = 20
-_RESOLVE_TIMEOUT_S = 5.0
 _ERROR_SNIPPET = 200
 _JITTER = 0.2  # each retry delay is drawn from [d * 0.8, d * 1.2]
 _GAVE_UP = "gave up: "  # the error prefix of a delivery abandoned before its schedule ended
@@ -88,114 +50,7 @@ _BACKOFF_S = (0.05, 2.0)  # first and longest wait after a store error
 #: a task's webhook whose other one is being sent by another process is due again after this
 _IN_ORDER_RETRY_S = 0.5
 
-# Cloud metadata endpoints: refused even when private addresses are allowed.
-_METADATA = frozenset(
-    ipaddress.ip_address(a)
-    for a in ("169.254.169.254", "fd00:ec2::254", "100.100.100.200", "169.254.170.2")
-)
 
-
-# --- signatures -----------------------------------------------------------------------
-def generate_secret() -> str:
-    """A fresh signing secret in the ``whsec_<base64>`` form (32 random bytes)."""
-    return "whsec_" + base64.b64encode(secrets.token_bytes(32)).decode()
-
-
-def sign(secret: str, msg_id: str, timestamp: int, body: bytes | str) -> str:
-    """The ``webhook-signature`` value: ``v1,<base64 HMAC-SHA256>`` of id.timestamp.body."""
-    data = body.decode() if isinstance(body, bytes) else body
-    return Webhook(secret).sign(msg_id, datetime.fromtimestamp(timestamp, UTC), data)
-
-
-def signed_headers(
-    secret: str, msg_id: str, body: bytes | str, *, timestamp: int | None = None
-) -> dict[str, str]:
-    """The three Standard Webhooks headers for ``body`` (timestamp: now by default)."""
-    ts = int(time.time()) if timestamp is None else timestamp
-    return {
-        "webhook-id": msg_id,
-        "webhook-timestamp": str(ts),
-        "webhook-signature": sign(secret, msg_id, ts, body),
-    }
-
-
-def verify(headers: Mapping[str, str], body: bytes | str, secret: str) -> dict[str, Any]:
-    """Check a webhook's signature and timestamp (±5 minutes); return the parsed payload.
-
-    ``headers`` is any mapping (a dict, ``httpx.Headers``, Starlette's ``request.headers``);
-    ``body`` the raw bytes as received. Raises :class:`WebhookVerificationError` when a
-    header is missing or malformed, the timestamp is too old or too new, no signature
-    matches, or the body is not a JSON object.
-    """
-    plain = {str(k): str(v) for k, v in headers.items()}
-    try:
-        payload = Webhook(secret).verify(body, plain)
-    except WebhookVerificationError:
-        raise
-    except ValueError as e:  # a malformed signature list, bad base64, a body not JSON
-        raise WebhookVerificationError(f"malformed webhook: {e}") from e
-    if not isinstance(payload, dict):
-        raise WebhookVerificationError("the webhook body is not a JSON object")
-    return payload
-
-
-# --- the SSRF guard -------------------------------------------------------------------
-def _refusal(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
-    """Why a callback may not go to ``ip`` (None: a public address)."""
-    if isinstance(ip, ipaddress.IPv6Address):
-        embedded = ip.ipv4_mapped or ip.sixtofour or (ip.teredo[1] if ip.teredo else None)
-        if embedded is not None:
-            return _refusal(embedded)
-    if ip in _METADATA:
-        return "a cloud metadata address"
-    checks = (
-        ("unspecified", ip.is_unspecified),
-        ("loopback", ip.is_loopback),
-        ("link-local", ip.is_link_local),
-        ("multicast", ip.is_multicast),
-        ("reserved", ip.is_reserved),
-        ("private", ip.is_private),
-        ("not public", not ip.is_global),
-    )
-    return next((f"a {name} address" for name, hit in checks if hit), None)
-
-
-async def check_callback_url(url: str, allow_private: bool = False) -> None:
-    """Refuse a callback URL that could reach the service's own network (SSRF).
-
-    The host is resolved (in a thread, at most 5 s); every address it resolves to must
-    be public, unless ``allow_private`` (then loopback and private addresses pass, but
-    cloud metadata addresses never do). Raises ValueError with a message naming
-    ``callback_url`` and saying why.
-    """
-    parts = urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise ValueError("callback_url: give an http(s) URL with a host")
-    host = parts.hostname
-    try:
-        port = parts.port or (443 if parts.scheme == "https" else 80)
-    except ValueError as e:
-        raise ValueError(f"callback_url: {e}") from e
-    loop = asyncio.get_running_loop()
-    try:
-        async with asyncio.timeout(_RESOLVE_TIMEOUT_S):
-            infos = await loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
-    except (OSError, TimeoutError) as e:
-        raise ValueError(f"callback_url: the host {host!r} does not resolve ({e})") from e
-    for *_, sockaddr in infos:
-        address = str(sockaddr[0]).split("%", 1)[0]  # drop an IPv6 scope id
-        ip = ipaddress.ip_address(address)
-        reason = _refusal(ip)
-        if reason is None or (allow_private and reason != "a cloud metadata address"):
-            continue
-        hint = "" if reason == "a cloud metadata address" else " (PONDER_CALLBACK_ALLOW_PRIVATE)"
-        raise ValueError(
-            f"callback_url: {host!r} resolves to {address}, {reason}; callbacks go to "
-            f"public addresses only{hint}"
-        )
-
-
-# --- delivery -------------------------------------------------------------------------
 class WebhookSender:
     """The delivery loop of one process: sends the outbox's due webhooks on schedule.
 
