@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import faulthandler
 import os
 import socket
@@ -12,7 +13,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import pytest
@@ -20,6 +21,9 @@ import redis
 import uvicorn
 
 from ponder.config import Settings, load_settings
+
+if TYPE_CHECKING:
+    from ponder.store import TaskStore
 
 REDIS_URL = os.environ.get("PONDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -111,16 +115,24 @@ def settings(request: pytest.FixtureRequest) -> Settings:
     return result
 
 
-@pytest.fixture
-async def store(settings: Settings) -> AsyncIterator[object]:
+@contextlib.asynccontextmanager
+async def open_store(settings: Settings) -> AsyncIterator[TaskStore]:
+    """The store ``settings`` name (Redis when ``redis_url`` is set), started; closed on
+    leaving: every store fixture is this."""
     from ponder.store import create_store
 
-    s = create_store(settings)
-    await s.start()
+    store = create_store(settings)
+    await store.start()
     try:
-        yield s
+        yield store
     finally:
-        await s.close()
+        await store.close()
+
+
+@pytest.fixture
+async def store(settings: Settings) -> AsyncIterator[TaskStore]:
+    async with open_store(settings) as s:
+        yield s
 
 
 # --- a real HTTP server on loopback ---------------------------------------------------

@@ -33,7 +33,7 @@ from ponder.webhooks import (
     verify,
     webhook_id,
 )
-from tests.conftest import LiveServer, start_uvicorn, until, wait_for_task
+from tests.conftest import LiveServer, open_store, start_uvicorn, until, wait_for_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -279,12 +279,8 @@ def sender_settings(settings: Settings, **overrides: Any) -> Settings:
 
 @pytest.fixture
 async def store_for(settings: Settings) -> AsyncIterator[TaskStore]:
-    store = create_store(settings)
-    await store.start()
-    try:
+    async with open_store(settings) as store:
         yield store
-    finally:
-        await store.close()
 
 
 async def finished_task(

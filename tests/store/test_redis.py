@@ -13,18 +13,16 @@ from ponder.config import Settings
 from ponder.errors import StoreUnavailable
 from ponder.store.redis import RedisStore, redacted
 from ponder.types import TaskStatus
+from tests.conftest import open_store
 
 from .helpers import ALL, add, advance
 
 
 @pytest.fixture
 async def store(redis_settings: Settings) -> AsyncIterator[RedisStore]:
-    s = RedisStore(redis_settings)
-    await s.start()
-    try:
+    async with open_store(redis_settings) as s:
+        assert isinstance(s, RedisStore)
         yield s
-    finally:
-        await s.close()
 
 
 async def test_start_and_close_are_idempotent(redis_settings: Settings) -> None:

@@ -15,18 +15,16 @@ from ponder.config import Settings
 from ponder.errors import StoreUnavailable
 from ponder.store.sqlite import SqliteStore
 from ponder.types import TaskStatus
+from tests.conftest import open_store
 
 from .helpers import ALL, add, advance
 
 
 @pytest.fixture
 async def store(sqlite_settings: Settings) -> AsyncIterator[SqliteStore]:
-    s = SqliteStore(sqlite_settings)
-    await s.start()
-    try:
+    async with open_store(sqlite_settings) as s:
+        assert isinstance(s, SqliteStore)
         yield s
-    finally:
-        await s.close()
 
 
 def query(settings: Settings, sql: str, *params: object) -> list[tuple[object, ...]]:
