@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable
 
 import httpx
 import pytest
@@ -11,15 +11,11 @@ import redis.asyncio as aioredis
 
 from ponder.api.deps import key_digest
 from ponder.config import Settings
-from ponder.ratelimit import (
-    MemoryRateLimiter,
-    RedisRateLimiter,
-    create_rate_limiter,
-    retry_after_s,
-)
-from ponder.store.redis import RedisStore
+from ponder.ratelimit import RateLimiter, create_rate_limiter, retry_after_s
+from ponder.store import TaskStore
 from ponder.store.sqlite import SqliteStore
-from tests.conftest import LiveServer, make_settings
+from ponder.store.sqlite.ratelimits import MemoryBuckets
+from tests.conftest import LiveServer, make_settings, open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -28,31 +24,35 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_memory_bucket_burst_then_rate() -> None:
-    limiter = MemoryRateLimiter(rate=2.0, burst=3)
-    assert [limiter.take_at("a", 100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
-    assert limiter.take_at("a", 100.0) == pytest.approx(0.5)  # one token every 0.5 s
-    assert limiter.take_at("a", 100.0) == pytest.approx(0.5)  # a refusal takes nothing
-    assert limiter.take_at("b", 100.0) == 0.0  # callers do not share a bucket
-    assert limiter.take_at("a", 100.5) == 0.0
-    assert limiter.take_at("a", 100.5) == pytest.approx(0.5)
-    assert limiter.take_at("a", 110.0) == 0.0  # refilled, but never above the burst
-    assert limiter.take_at("a", 110.0) == 0.0
-    assert limiter.take_at("a", 110.0) == 0.0
-    assert limiter.take_at("a", 110.0) > 0
+    buckets = MemoryBuckets()
+
+    def take(caller: str, now: float) -> float:
+        return buckets.take_at(caller, now, 2.0, 3)
+
+    assert [take("a", 100.0) for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert take("a", 100.0) == pytest.approx(0.5)  # one token every 0.5 s
+    assert take("a", 100.0) == pytest.approx(0.5)  # a refusal takes nothing
+    assert take("b", 100.0) == 0.0  # callers do not share a bucket
+    assert take("a", 100.5) == 0.0
+    assert take("a", 100.5) == pytest.approx(0.5)
+    assert take("a", 110.0) == 0.0  # refilled, but never above the burst
+    assert take("a", 110.0) == 0.0
+    assert take("a", 110.0) == 0.0
+    assert take("a", 110.0) > 0
 
 
 def test_memory_buckets_are_bounded() -> None:
-    limiter = MemoryRateLimiter(rate=1.0, burst=2, max_buckets=100)
+    buckets = MemoryBuckets(max_buckets=100)
     for i in range(1000):
-        limiter.take_at(f"caller{i}", float(i) / 1000)
-    assert len(limiter) <= 100
+        buckets.take_at(f"caller{i}", float(i) / 1000, 1.0, 2)
+    assert len(buckets) <= 100
     # full buckets go first: a caller seen long ago (refilled) is dropped before an active one
-    limiter = MemoryRateLimiter(rate=1.0, burst=2, max_buckets=2)
-    limiter.take_at("old", 0.0)
-    limiter.take_at("busy", 10.0)
-    limiter.take_at("busy", 10.0)
-    limiter.take_at("new", 10.0)  # over the bound: "old" is full again, so it goes
-    assert limiter.take_at("busy", 10.0) > 0  # still empty: it was kept
+    buckets = MemoryBuckets(max_buckets=2)
+    buckets.take_at("old", 0.0, 1.0, 2)
+    buckets.take_at("busy", 10.0, 1.0, 2)
+    buckets.take_at("busy", 10.0, 1.0, 2)
+    buckets.take_at("new", 10.0, 1.0, 2)  # over the bound: "old" is full again, so it goes
+    assert buckets.take_at("busy", 10.0, 1.0, 2) > 0  # still empty: it was kept
 
 
 @pytest.mark.parametrize(("wait", "header"), [(0.001, 1), (0.5, 1), (1.0, 1), (1.01, 2), (7.2, 8)])
@@ -60,64 +60,59 @@ def test_retry_after_rounds_up_to_whole_seconds(wait: float, header: int) -> Non
     assert retry_after_s(wait) == header
 
 
-def test_limiter_follows_settings(tmp_path: object, redis_settings: Settings) -> None:
+def test_limiter_follows_settings(tmp_path: object) -> None:
     sqlite = SqliteStore(make_settings(sqlite_path=f"{tmp_path}/x.db"))
     assert create_rate_limiter(make_settings(), sqlite) is None  # off by default
-    memory = create_rate_limiter(make_settings(rate_limit_per_s=2.5), sqlite)
-    assert isinstance(memory, MemoryRateLimiter)
-    assert (memory.rate, memory.burst) == (2.5, 5)  # burst 0 means twice the rate
-    shared = create_rate_limiter(
-        redis_settings.model_copy(update={"rate_limit_per_s": 10, "rate_limit_burst": 3}),
-        RedisStore(redis_settings),
-    )
-    assert isinstance(shared, RedisRateLimiter)
-    assert (shared.rate, shared.burst) == (10, 3)
+    limiter = create_rate_limiter(make_settings(rate_limit_per_s=2.5), sqlite)
+    assert isinstance(limiter, RateLimiter)
+    assert (limiter.rate, limiter.burst) == (2.5, 5)  # burst 0 means twice the rate
+    limiter = create_rate_limiter(make_settings(rate_limit_per_s=10, rate_limit_burst=3), sqlite)
+    assert limiter is not None and (limiter.rate, limiter.burst) == (10, 3)
+    with pytest.raises(ValueError, match="rate > 0"):
+        RateLimiter(sqlite, 0, 1)
+
+
+async def test_both_stores_keep_the_buckets(store: TaskStore) -> None:
+    limiter = RateLimiter(store, rate=0.01, burst=2)
+    assert [await limiter.take("alice") for _ in range(2)] == [0.0, 0.0]
+    assert 99 < await limiter.take("alice") <= 100  # one token every 100 s
+    assert await limiter.take("bob") == 0.0
 
 
 # --- in Redis -------------------------------------------------------------------------
 
 
 @pytest.fixture
-async def redis_store(redis_settings: Settings) -> AsyncIterator[RedisStore]:
-    store = RedisStore(redis_settings)
-    await store.start()
-    try:
+async def redis_store(redis_settings: Settings) -> AsyncIterator[TaskStore]:
+    async with open_store(redis_settings) as store:
         yield store
-    finally:
-        await store.close()
 
 
-async def test_redis_bucket(redis_store: RedisStore, key_prefix: str) -> None:
-    limiter = RedisRateLimiter(redis_store.client, key_prefix, rate=1.0, burst=3, timeout_s=2.0)
-    assert [await limiter.take("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
-    wait = await limiter.take("alice")
-    assert 0 < wait <= 1.0
-    assert await limiter.take("bob") == 0.0
-    raw = redis_store.client
+async def test_redis_bucket(redis_store: TaskStore, redis_url: str, key_prefix: str) -> None:
+    def take(caller: str) -> Awaitable[float]:
+        return redis_store.take_token(caller, 1.0, 3)
+
+    assert [await take("alice") for _ in range(3)] == [0.0, 0.0, 0.0]
+    assert 0 < await take("alice") <= 1.0
+    assert await take("bob") == 0.0
     key = f"{key_prefix}:rl:alice"
-    assert limiter.key("alice") == key
-    assert 0 < await raw.pttl(key) <= 4000  # gone once the bucket would be full again
-    # refill on the server's clock: move the last update 2 s back
-    ts = float(await raw.hget(key, "ts"))
-    await raw.hset(key, "ts", f"{ts - 2:.6f}")
-    assert await limiter.take("alice") == 0.0
-    assert await limiter.take("alice") == 0.0
-    assert await limiter.take("alice") > 0
+    async with aioredis.Redis.from_url(redis_url, decode_responses=True) as raw:
+        assert 0 < await raw.pttl(key) <= 4000  # gone once the bucket would be full again
+        # refill on the server's clock: move the last update 2 s back
+        ts = float(await raw.hget(key, "ts"))
+        await raw.hset(key, "ts", f"{ts - 2:.6f}")
+    assert await take("alice") == 0.0
+    assert await take("alice") == 0.0
+    assert await take("alice") > 0
 
 
 async def test_redis_bucket_is_atomic_across_clients(
-    redis_store: RedisStore, redis_url: str, key_prefix: str
+    redis_store: TaskStore, redis_settings: Settings
 ) -> None:
-    """Two API processes (two connection pools) share one bucket; no token is spent twice."""
-    other = aioredis.Redis.from_url(redis_url, decode_responses=True)
-    try:
-        limiters = [
-            RedisRateLimiter(client, key_prefix, rate=0.01, burst=10, timeout_s=2.0)
-            for client in (redis_store.client, other)
-        ]
-        waits = await asyncio.gather(*(limiters[i % 2].take("k") for i in range(60)))
-    finally:
-        await other.aclose()
+    """Two API processes (two stores) share one bucket; no token is spent twice."""
+    async with open_store(redis_settings) as other:
+        stores = (redis_store, other)
+        waits = await asyncio.gather(*(stores[i % 2].take_token("k", 0.01, 10) for i in range(60)))
     assert sum(w == 0 for w in waits) == 10
 
 

@@ -13,7 +13,7 @@ with ``PONDER_WEBHOOK_SECRET``), so the official SDK's
 ``client.webhooks.unwrap(body, headers, secret=…)`` accepts them.
 
 :func:`enqueue_event` hands an event to the store's webhook outbox
-(:mod:`ponder.outbox`): the delivery loop of every worker process sends it like a task
+(:mod:`ponder.store.deliveries`): the delivery loop of every worker process sends it like a task
 webhook (the SSRF guard, signing, retry delays with jitter, 410 stops, bounded
 concurrency per process and per host). Delivery is at least once: an event is added once
 (its id is derived from the object and the type), and one interrupted by a crash is
@@ -25,8 +25,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ponder.outbox import OutboxEntry
 from ponder.store.base import TaskStore
+from ponder.store.deliveries import OutboxEntry
 from ponder.types import TaskStatus
 
 __all__ = ["BATCH_EVENTS", "RESPONSE_EVENTS", "enqueue_event"]

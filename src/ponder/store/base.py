@@ -6,24 +6,32 @@ state change is a compare-and-set on the record's revision (``Task.rev``), so a 
 the API and a worker's update can never overwrite each other; both implementations are
 checked by one contract test suite.
 
-The contract is split by concern (:mod:`ponder.store.contract`); :class:`TaskStore` is
-every part together, and what callers hold. The records it trades in live in
-:mod:`ponder.store.records`; both are importable from here, as before the split.
+The contract is split by concern (:mod:`ponder.store.contract`), one protocol per part;
+:class:`TaskStore` is every part together, held where the store is created and composed
+(the API's state, the worker runtime). A consumer is typed by the part it uses (the
+delta writer by :class:`EventLog`, the file store by :class:`ObjectStore`, …) or by a
+protocol of the few parts it uses. The records it trades in live in
+:mod:`ponder.store.records`, the outbox row in :mod:`ponder.store.deliveries`; all are
+importable from here. The store imports nothing of ponder above it (only types, errors,
+config, ids).
 """
 
 from __future__ import annotations
 
-from ponder.outbox import OutboxEntry
+from typing import Protocol
+
 from ponder.store.contract import (
     EventLog,
     Lifecycle,
     Liveness,
     ObjectStore,
     Outbox,
+    RateLimits,
     TaskQueue,
     TaskRecords,
     WorkQueue,
 )
+from ponder.store.deliveries import OutboxEntry
 from ponder.store.records import (
     Admission,
     Claim,
@@ -47,6 +55,7 @@ __all__ = [
     "ObjectStore",
     "Outbox",
     "OutboxEntry",
+    "RateLimits",
     "StoredObject",
     "TaskQueue",
     "TaskRecords",
@@ -57,8 +66,9 @@ __all__ = [
 ]
 
 
-class TaskStore(Lifecycle, TaskQueue, ObjectStore, Outbox, Liveness):
-    """Tasks, queues, events, the outbox, worker liveness and the OpenAI objects.
+class TaskStore(Lifecycle, TaskQueue, ObjectStore, Outbox, Liveness, RateLimits, Protocol):
+    """Tasks, queues, events, the outbox, worker liveness, the OpenAI objects and the
+    rate-limit buckets.
 
     Contract (checked by the ``tests/store/test_contract_*.py`` files against every
     implementation, one file per part):
@@ -69,8 +79,8 @@ class TaskStore(Lifecycle, TaskQueue, ObjectStore, Outbox, Liveness):
       revision the task was read at; on success it bumps ``task.rev``. Leaving
       ``pending`` frees a backlog slot; reaching a terminal state sets the record's
       time-to-live. In the same atomic step it adds the webhook deliveries the write
-      causes (:func:`ponder.outbox.task_deliveries`) to the outbox and, when the task
-      becomes ``cancelled``, a :attr:`Notice.cancel`.
+      causes (:func:`ponder.store.deliveries.task_deliveries`) to the outbox and, when
+      the task becomes ``cancelled``, a :attr:`Notice.cancel`.
     - :class:`WorkQueue`: a claimed entry stays owned by its consumer until :meth:`ack`;
       an entry whose lease was not renewed for ``min_idle_s`` is handed out again by
       :meth:`reclaim`, and so is every entry of a consumer that is no longer a live
@@ -81,6 +91,8 @@ class TaskStore(Lifecycle, TaskQueue, ObjectStore, Outbox, Liveness):
       schedule kept across restarts.
     - :class:`ObjectStore`: objects, blobs and parts of the OpenAI-compatible APIs.
     - :class:`Liveness`: worker registrations and named leases.
+    - :class:`RateLimits`: a token bucket per caller (shared by every process on Redis;
+      in the process's memory in the embedded store).
     - Every method raises :class:`~ponder.errors.StoreUnavailable` when the backend
       cannot be reached within the configured timeout.
     """

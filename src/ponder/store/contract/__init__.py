@@ -1,4 +1,4 @@
-"""The store contract, one abstract class per concern; :class:`ponder.store.base.TaskStore`
+"""The store contract, one protocol per concern; :class:`ponder.store.base.TaskStore`
 is all of them together.
 
 - :class:`Lifecycle`: start, close, ping.
@@ -8,6 +8,11 @@ is all of them together.
 - :class:`ObjectStore`: the OpenAI-compatible APIs' objects, blobs and parts.
 - :class:`Outbox`: webhook deliveries.
 - :class:`Liveness`: worker registrations and named leases.
+- :class:`RateLimits`: a token bucket per caller.
+
+Each part is a :class:`typing.Protocol` whose methods are abstract: a consumer is typed by
+the part (or a protocol of the few parts) it uses, and the stores, which subclass the
+parts explicitly, are checked to implement every method.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from ponder.store.contract.lifecycle import Lifecycle
 from ponder.store.contract.liveness import Liveness
 from ponder.store.contract.objects import ObjectStore
 from ponder.store.contract.outbox import Outbox
+from ponder.store.contract.ratelimits import RateLimits
 from ponder.store.contract.tasks import EventLog, TaskQueue, TaskRecords, WorkQueue
 
 __all__ = [
@@ -24,6 +30,7 @@ __all__ = [
     "Liveness",
     "ObjectStore",
     "Outbox",
+    "RateLimits",
     "TaskQueue",
     "TaskRecords",
     "WorkQueue",

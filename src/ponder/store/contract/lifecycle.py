@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from typing import Protocol
 
 __all__ = ["Lifecycle"]
 
 
-class Lifecycle(ABC):
+class Lifecycle(Protocol):
     """Connect, disconnect, answer a ping, say what the store is."""
 
     def describe(self) -> str:

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from typing import Protocol
 
 __all__ = ["Liveness"]
 
 
-class Liveness(ABC):
+class Liveness(Protocol):
     """Workers mark themselves alive for a time; a named lease has one holder at a time.
 
     A queue consumer that is not a live worker loses its entries at once

@@ -5,14 +5,15 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
+from typing import Protocol
 
 from ponder.store.records import StoredObject
 
 __all__ = ["ObjectStore"]
 
 
-class ObjectStore(ABC):
+class ObjectStore(Protocol):
     """Records of the OpenAI-compatible APIs (files, batches, responses) and their texts.
 
     Every object, blob and part has an expiry of its own; an expired one is gone for

@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
+from typing import Protocol
 
-from ponder.outbox import OutboxEntry
+from ponder.store.deliveries import OutboxEntry
 from ponder.store.records import HostRoom
 
 __all__ = ["Outbox"]
 
 
-class Outbox(ABC):
-    """Webhook deliveries waiting to be sent (:mod:`ponder.outbox`, :mod:`ponder.webhooks`).
+class Outbox(Protocol):
+    """Webhook deliveries waiting to be sent (rows: :mod:`ponder.store.deliveries`; sent
+    by :mod:`ponder.webhooks`).
 
     An outbox entry is handed to one delivery loop at a time (:meth:`claim_deliveries`,
     a lease); it stays until :meth:`finish_delivery`, its schedule kept across restarts.

@@ -6,9 +6,9 @@
 
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
+from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Protocol
 
 from ponder.store.records import Admission, Claim, Event, Notice
 from ponder.types import Task, TaskStatus
@@ -16,7 +16,7 @@ from ponder.types import Task, TaskStatus
 __all__ = ["EventLog", "TaskQueue", "TaskRecords", "WorkQueue"]
 
 
-class TaskRecords(ABC):
+class TaskRecords(Protocol):
     """Task records: admission, reads, listings, the compare-and-set write, backlog figures.
 
     - :meth:`create_task` is atomic: admission (pending < ``max_pending``), the
@@ -25,8 +25,9 @@ class TaskRecords(ABC):
     - :meth:`update_task` writes only over the revision the task was read at; on success
       it bumps ``task.rev``. Leaving ``pending`` frees a backlog slot; reaching a
       terminal state sets the record's time-to-live. In the same atomic step it adds the
-      webhook deliveries the write causes (:func:`ponder.outbox.task_deliveries`) to the
-      outbox and, when the task becomes ``cancelled``, a :attr:`Notice.cancel`.
+      webhook deliveries the write causes
+      (:func:`ponder.store.deliveries.task_deliveries`) to the outbox and, when the task
+      becomes ``cancelled``, a :attr:`Notice.cancel`.
     """
 
     # --- api side ---------------------------------------------------------------------
@@ -98,7 +99,7 @@ class TaskRecords(ABC):
         """
 
 
-class WorkQueue(ABC):
+class WorkQueue(Protocol):
     """The per-priority queues of task ids, as the workers see them.
 
     A claimed entry stays owned by its consumer until :meth:`ack`; an entry whose lease
@@ -138,7 +139,7 @@ class WorkQueue(ABC):
         """Give an entry back so another worker takes it at once (graceful shutdown)."""
 
 
-class EventLog(ABC):
+class EventLog(Protocol):
     """What readers follow: each task's event log, and the notices that cross processes."""
 
     # --- events -----------------------------------------------------------------------
@@ -180,5 +181,5 @@ class EventLog(ABC):
         that comes back after an outage reads what it missed."""
 
 
-class TaskQueue(TaskRecords, WorkQueue, EventLog):
+class TaskQueue(TaskRecords, WorkQueue, EventLog, Protocol):
     """Tasks, their queues and their logs: the part of the store that tasks live in."""

@@ -1,8 +1,9 @@
 """The Redis store: shared by any number of API and worker processes.
 
 One class per part of the contract (``tasks``, ``queue``, ``events``, ``objects``,
-``outbox``, ``liveness``), each over :class:`~ponder.store.redis.base.RedisBase` (the
-connections, scripts and key names); :class:`RedisStore` is all of them together.
+``outbox``, ``liveness``, ``ratelimits``), each over
+:class:`~ponder.store.redis.base.RedisBase` (the connections, scripts and key names);
+:class:`RedisStore` is all of them together.
 
 Keys (all under ``settings.key_prefix``, written as ``{p}``):
 
@@ -32,6 +33,8 @@ Keys (all under ``settings.key_prefix``, written as ``{p}``):
   A batch line's task hash has ``lane`` = ``batch`` and is counted in the ``batch`` field
   of ``{p}:pending`` as well as in ``total``; other tasks are admitted against
   ``total - batch``.
+- ``{p}:rl:{caller}``: a caller's rate-limit bucket, hash ``tokens`` + ``ts``; expires once
+  the bucket would be full again.
 
 Every multi-key change is one Lua script (:mod:`ponder.store.redis.lua`), so it is atomic
 and needs one round trip.
@@ -49,6 +52,7 @@ from ponder.store.redis.liveness import RedisLiveness
 from ponder.store.redis.objects import RedisObjects
 from ponder.store.redis.outbox import RedisOutbox
 from ponder.store.redis.queue import RedisWorkQueue
+from ponder.store.redis.ratelimits import RedisRateLimits
 from ponder.store.redis.tasks import RedisTaskRecords
 
 __all__ = ["GROUP", "RedisBase", "RedisStore", "redacted"]
@@ -61,6 +65,7 @@ class RedisStore(
     RedisObjects,
     RedisOutbox,
     RedisLiveness,
+    RedisRateLimits,
     TaskStore,
 ):
     """:class:`TaskStore` on Redis (see the module docstring for the key layout)."""

@@ -158,13 +158,9 @@ class RedisBase(Lifecycle):
         # the OpenAI-compatible APIs' objects
         self._create_object = script(lua.CREATE_OBJECT)
         self._update_object = script(lua.UPDATE_OBJECT)
+        # rate limits
+        self._take_token = script(lua.TAKE_TOKEN)
         self._url = settings.redis_url
-
-    @property
-    def client(self) -> Redis:
-        """The store's connection pool, for features that live beside it (rate limits);
-        it has no socket timeout: bound each call (:func:`unavailable`)."""
-        return self._r
 
     def _blocking(self, block_ms: int) -> float:
         """The time limit of a call that may block for ``block_ms`` (0: does not block)."""

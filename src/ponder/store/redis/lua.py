@@ -24,6 +24,7 @@ __all__ = [
     "RELEASE_LEASE",
     "RENEW",
     "RETRY_DELIVERY",
+    "TAKE_TOKEN",
     "UPDATE",
     "UPDATE_OBJECT",
 ]
@@ -337,3 +338,27 @@ redis.call('ZADD', KEYS[1], now_ms() + tonumber(ARGV[4]), ARGV[2])
 return 1
 """
 )
+
+# KEYS: bucket; ARGV: rate (tokens/s), burst, cost. Returns the seconds to wait, as a
+# string (Lua numbers become integers in a reply): "0" when the request is admitted.
+TAKE_TOKEN = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local rate, burst, cost = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3])
+local b = redis.call('HMGET', KEYS[1], 'tokens', 'ts')
+local tokens, ts = tonumber(b[1]), tonumber(b[2])
+if tokens == nil or ts == nil then
+  tokens, ts = burst, now
+end
+tokens = math.min(burst, tokens + math.max(0, now - ts) * rate)
+local wait = 0
+if tokens >= cost then
+  tokens = tokens - cost
+else
+  wait = (cost - tokens) / rate
+end
+redis.call('HSET', KEYS[1], 'tokens', string.format('%.6f', tokens),
+           'ts', string.format('%.6f', now))
+redis.call('PEXPIRE', KEYS[1], math.ceil((burst - tokens) / rate * 1000) + 1000)
+return string.format('%.6f', wait)
+"""

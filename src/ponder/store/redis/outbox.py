@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ponder.outbox import OutboxEntry
 from ponder.store.contract import Outbox
+from ponder.store.deliveries import OutboxEntry
 from ponder.store.records import HostRoom, Notice
 from ponder.store.redis.base import RedisBase, unavailable
 

@@ -8,9 +8,9 @@ from typing import Any
 
 from ponder.config import NUM_PRIORITIES
 from ponder.errors import IdempotencyConflict, QueueFull
-from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
+from ponder.store.deliveries import task_deliveries
 from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
 from ponder.store.redis.base import GROUP, RedisBase, index_member, member_id, unavailable
 from ponder.types import Task, TaskStatus

@@ -7,8 +7,8 @@ from collections.abc import Sequence
 
 import aiosqlite
 
-from ponder.outbox import OutboxEntry
 from ponder.store.contract import Outbox
+from ponder.store.deliveries import OutboxEntry
 from ponder.store.records import HostRoom, Notice
 from ponder.store.sqlite.base import SqliteBase, first
 

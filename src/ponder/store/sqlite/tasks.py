@@ -12,9 +12,9 @@ import aiosqlite
 from ponder.config import NUM_PRIORITIES
 from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.ids import sort_key
-from ponder.outbox import task_deliveries
 from ponder.states import is_terminal
 from ponder.store.contract import TaskRecords
+from ponder.store.deliveries import task_deliveries
 from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
 from ponder.store.sqlite.base import PURGE_INTERVAL_S, SqliteBase, first
 from ponder.store.sqlite.outbox import add_deliveries
