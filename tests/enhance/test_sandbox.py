@@ -20,7 +20,6 @@ from pathlib import Path
 import pytest
 
 from ponder.config import load_settings
-from ponder.enhance import sandbox
 from ponder.enhance.sandbox import (
     NPROC_LIMIT,
     OUTPUT_LIMIT_BYTES,
@@ -31,6 +30,7 @@ from ponder.enhance.sandbox import (
     TestReport,
     choose_isolation,
     extract_program_output,
+    launch,
     run_python_async,
     run_tests_async,
 )
@@ -220,7 +220,7 @@ def test_bwrap_host_files_cannot_be_read(bwrap: Isolation, tmp_path: Path) -> No
     assert result.exit_code == 0, result.stderr
     # a directory the sandbox made itself to bind the interpreter below it (a checkout
     # under /tmp or /home) lists those mount points only, none of the host's files
-    bound = set(sandbox._python_layout()[1])
+    bound = set(launch._python_layout()[1])
     made = {str(p) for path in bound for p in Path(path).parents}
     for line in result.stdout.splitlines():
         path, outcome = line.split(" ", 1)
@@ -379,9 +379,9 @@ async def test_the_installed_packages_can_be_imported(isolation: Isolation) -> N
 @pytest.fixture
 def no_bwrap_on_path(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("PATH", "/nonexistent")
-    sandbox._bwrap_problem.cache_clear()
+    launch._bwrap_problem.cache_clear()
     yield
-    sandbox._bwrap_problem.cache_clear()
+    launch._bwrap_problem.cache_clear()
 
 
 async def test_without_bwrap_auto_is_rlimits_and_bwrap_is_an_error(

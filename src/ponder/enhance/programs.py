@@ -13,7 +13,8 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from ponder.enhance.sandbox import SandboxResult, extract_program_output, run_python_async
+from ponder.enhance.fences import extract_program_output
+from ponder.enhance.sandbox import SandboxResult, run_python_async
 
 if TYPE_CHECKING:
     from ponder.config import Settings

@@ -30,8 +30,8 @@ from ponder.enhance.answers.base import (
     Question,
     connected_groups,
 )
-from ponder.enhance.answers.code import extract_code_block
 from ponder.enhance.answers.text import TEXT_SIMILARITY_THRESHOLD
+from ponder.enhance.fences import extract_code_block
 from ponder.types import TaskType
 
 for _module in pkgutil.iter_modules(__path__):

@@ -16,64 +16,14 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from ponder.enhance.answers.base import AnswerType, Question, register
+from ponder.enhance.fences import extract_code_block, fenced_blocks
+from ponder.enhance.sandbox import run_tests_async
 from ponder.types import Sample, Task, TaskType
 
 if TYPE_CHECKING:
     from ponder.config import Settings
 
-__all__ = ["CodeAnswer", "extract_code_block", "fenced_blocks"]
-
-# ---------------------------------------------------------------------------------------
-
-_FENCE_OPEN = re.compile(r"^[ \t]*(`{3,}|~{3,})[ \t]*([\w+#.-]*)")
-
-
-def fenced_blocks(text: str) -> list[tuple[str, str]]:
-    """All fenced blocks as (language, body), in order; an unclosed last fence runs to the end.
-
-    A line scanner rather than one regex: linear on any input.
-    """
-    blocks: list[tuple[str, str]] = []
-    fence: str | None = None
-    lang = ""
-    body: list[str] = []
-    for line in text.splitlines():
-        if fence is None:
-            m = _FENCE_OPEN.match(line)
-            if m:
-                fence, lang, body = m[1], m[2].lower(), []
-        elif line.strip() == fence or (
-            line.strip().startswith(fence[:3]) and set(line.strip()) == {fence[0]}
-        ):
-            blocks.append((lang, "\n".join(body)))
-            fence = None
-        else:
-            body.append(line)
-    if fence is not None and body:
-        blocks.append((lang, "\n".join(body)))
-    return blocks
-
-
-_PYTHON_LANGS = frozenset({"python", "py", "python3", "py3"})
-
-
-def extract_code_block(text: str, *, python_only: bool = False) -> str | None:
-    """The last fenced code block of ``text`` (its body, without the fences), or None.
-
-    With ``python_only`` the last block tagged python/py/python3 is preferred and an
-    untagged block is the fallback; blocks in other languages are skipped.
-    """
-    blocks = fenced_blocks(text)
-    if python_only:
-        tagged = [b for lang, b in blocks if lang in _PYTHON_LANGS]
-        if tagged:
-            return tagged[-1].strip("\n") or None
-        blocks = [(lang, b) for lang, b in blocks if not lang]
-    for _lang, body in reversed(blocks):
-        if body.strip():
-            return body.strip("\n")
-    return None
-
+__all__ = ["CodeAnswer"]
 
 _warnings_lock = threading.Lock()
 
@@ -169,9 +119,6 @@ class CodeAnswer(AnswerType):
         tests passed and failed (a run that timed out is one more failure)."""
         if not task.tests or sample.answer is None:
             return
-        # imported here: the sandbox imports this package
-        from ponder.enhance.sandbox import run_tests_async
-
         report = await run_tests_async(
             sample.answer,
             task.tests,

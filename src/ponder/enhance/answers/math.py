@@ -45,6 +45,7 @@ from ponder.enhance.answers.base import (
     statement_signals,
 )
 from ponder.enhance.mathverify import get_pool
+from ponder.enhance.programs import run_program
 from ponder.types import Sample, Task, TaskType
 
 if TYPE_CHECKING:
@@ -368,9 +369,6 @@ class MathAnswer(AnswerType):
         """A program-of-thought sample: run its program in the sandbox (a last bare
         expression printed, as a notebook cell does) and keep the end of what it printed
         (``program_output``) and how it was isolated."""
-        # imported here: the sandbox imports this package
-        from ponder.enhance.programs import run_program
-
         run = await run_program(sample.text or "", settings) if sample.path == "pot" else None
         if run is None:
             return

@@ -1,70 +1,20 @@
-"""Run untrusted Python (program-of-thought code, code-task candidates) in a subprocess.
+"""How one sandbox run starts, and in which isolation.
 
-Two isolations; each result says which one ran (``isolation``), and so does the sample.
-
-**bwrap** (chosen when `bubblewrap <https://github.com/containers/bubblewrap>`_ is on
-PATH and works). The program runs in new PID, network, IPC, UTS, mount (and cgroup,
-where the kernel allows) namespaces. What it is guaranteed:
-
-* no network: its network namespace has only a loopback interface of its own, so
-  nothing on the host (Redis on 127.0.0.1, the API, the cloud metadata address) can be
-  reached, whatever the code does (``ctypes``, a child interpreter);
-* a read-only view of only what Python needs: the interpreter binary, its standard
-  library and shared library, the environment's site-packages, the system shared
-  libraries (``/usr/lib``, ``/lib*``), a fresh ``/proc`` of its own PID namespace and a
-  minimal read-only ``/dev``. No host ``/etc``, ``/home``, ``/root`` (the interpreter's
-  own directories excepted), ``/tmp``, ``/var`` or the service's files; the root is
-  read-only;
-* a private tmpfs work directory (``/sandbox``, also ``HOME`` and ``TMPDIR``) of at most
-  :data:`WORKDIR_BYTES`, the only writable place, gone when the run ends;
-* an unprivileged identity: as a normal user, a user namespace maps the caller to an
-  unprivileged uid; as root, bwrap runs without a user namespace (root in one keeps
-  capabilities over its own mounts and escapes ``RLIMIT_NPROC``) and the program drops to
-  uid/gid 65534 (*nobody*) with no groups and no capabilities before any of its code runs;
-* at most :data:`NPROC_LIMIT` processes and threads (``RLIMIT_NPROC``: per run in a user
-  namespace; shared by every run of uid 65534 as root), so a fork bomb is contained;
-* when the run ends (or times out, or its caller is cancelled) every process in it is
-  killed: its PID namespace dies with it (``--die-with-parent``).
-
-**rlimits** (without bwrap, or with ``PONDER_SANDBOX_ISOLATION=rlimits``): today's
-best-effort guard, not a security boundary. It stops accidents and the obvious (runaway
-loops, huge allocations, big files, ``socket`` use, stray children in the process group),
-not a determined attacker: the code runs as the same user, sees (and can write) the same
-file system, and can reach the network through ``ctypes``, ``os.system`` or a child
-process; a fork bomb is bounded only by the timeout.
-
-Both, per run:
-
-* the interpreter runs isolated (``python -I -B -X utf8``: no user site, no environment
-  ``PYTHON*`` variables, no cwd on ``sys.path``) with a clean environment (no proxies,
-  no credentials); the working directory is fresh and is also ``HOME``;
-* a bootstrap sets resource limits before any user code runs: ``RLIMIT_AS`` (memory),
-  ``RLIMIT_CPU``, ``RLIMIT_NOFILE`` (64), ``RLIMIT_FSIZE`` (4 MiB), ``RLIMIT_CORE`` (0).
-  They are set in the child itself rather than in ``preexec_fn``, which is unsafe in a
-  multi-threaded parent (the worker is one);
-* the bootstrap replaces ``_socket.socket`` (which ``socket.socket`` initialises through)
-  with a class that refuses anything but ``AF_UNIX`` (so ``asyncio`` still works) and
-  makes name resolution and ``create_connection`` raise;
-* the child leads its own session; at the timeout, and after it exits, the whole process
-  group is killed (SIGKILL);
-* stdout and stderr are each capped at :data:`OUTPUT_LIMIT_BYTES`; the rest is read and
-  dropped so the child never blocks on a full pipe.
-
-Not guaranteed by either: a bound on memory across processes (each process has its own
-``RLIMIT_AS``: at most :data:`NPROC_LIMIT` x ``memory_mb`` under bwrap; no cgroup limits),
-protection from kernel exploits (there is no seccomp filter), or secrecy of what the
-bound files contain (the interpreter, libraries and site-packages are readable).
+The isolation (``bwrap`` namespaces when bubblewrap works here, else best-effort
+``rlimits``: :func:`choose_isolation`), the bootstrap the child interpreter runs before
+any of the user's code (identity, limits, network guard; then ``main.py``, or the test
+protocol :mod:`ponder.enhance.sandbox.harness` reads), and :func:`launching`: the
+command, working directory, clean environment and files of one run (bwrap's argv over
+anonymous memory files, or a host temporary directory). Nothing here waits on a run;
+:mod:`ponder.enhance.sandbox.process` runs what is launched.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import functools
-import json
 import logging
 import os
-import secrets
 import shutil
 import signal
 import site
@@ -73,11 +23,10 @@ import sys
 import sysconfig
 import tempfile
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from ponder.enhance.answers import extract_code_block
 from ponder.errors import PonderError
 
 __all__ = [
@@ -86,13 +35,12 @@ __all__ = [
     "WORKDIR_BYTES",
     "Isolation",
     "IsolationMode",
-    "SandboxResult",
+    "Launch",
     "SandboxUnavailable",
-    "TestReport",
+    "check_run_args",
     "choose_isolation",
-    "extract_program_output",
-    "run_python_async",
-    "run_tests_async",
+    "kill_group",
+    "launching",
 ]
 
 log = logging.getLogger("ponder.sandbox")
@@ -114,38 +62,8 @@ _NOFILE_LIMIT = 64
 _SANDBOX_DIR = "/sandbox"
 _NOBODY = 65534
 _SYSTEM_LIBS = ("/usr/lib", "/usr/lib64", "/usr/lib32", "/lib", "/lib64", "/lib32", "/libx32")
-#: how long to wait for the pipes to close after the process group is killed
-_DRAIN_S = 2.0
 #: the longest the check that bwrap works may take
 _PROBE_TIMEOUT_S = 10.0
-_MAX_ERRORS = 20
-_MAX_ERROR_CHARS = 500
-
-
-@dataclass(frozen=True)
-class SandboxResult:
-    """The outcome of one run. ``exit_code`` is negative (-signal) when the child was killed."""
-
-    stdout: str
-    stderr: str
-    exit_code: int
-    timed_out: bool
-    #: True when stdout or stderr was cut at OUTPUT_LIMIT_BYTES
-    truncated: bool = False
-    isolation: Isolation = "rlimits"
-
-
-@dataclass(frozen=True)
-class TestReport:
-    """Counts of a test run; on a timeout, tests that did not report count as failed."""
-
-    __test__ = False  # not a pytest test class
-
-    passed: int
-    failed: int
-    errors: list[str] = field(default_factory=list)
-    timed_out: bool = False
-    isolation: Isolation = "rlimits"
 
 
 class SandboxUnavailable(PonderError):
@@ -294,7 +212,7 @@ def _limits(timeout_s: float, memory_mb: int) -> list[str]:
     return [str(x) for x in (memory_mb * 1024 * 1024, cpu_s, _NOFILE_LIMIT, _FSIZE_LIMIT_BYTES)]
 
 
-def _check(timeout_s: float, memory_mb: int, isolation: str) -> None:
+def check_run_args(timeout_s: float, memory_mb: int, isolation: str) -> None:
     if not timeout_s > 0:
         raise ValueError(f"timeout_s must be > 0, got {timeout_s!r}")
     if memory_mb < 32:
@@ -306,7 +224,7 @@ def _check(timeout_s: float, memory_mb: int, isolation: str) -> None:
 
 
 @dataclass(frozen=True)
-class _Launch:
+class Launch:
     """How one run starts: the command, where, with what, and which isolation it is."""
 
     argv: list[str]
@@ -394,23 +312,23 @@ def _host_workdir(files: dict[str, str]) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def _launch(
+def launching(
     mode: str, files: dict[str, str], isolation: Isolation, *, timeout_s: float, memory_mb: int
-) -> Iterator[_Launch]:
+) -> Iterator[Launch]:
     limits = _limits(timeout_s, memory_mb)
     if isolation == "bwrap":
         with _memfds(files) as fds:
             argv = _bwrap_argv(mode, limits, fds)
-            yield _Launch(argv, "/", _clean_env(_SANDBOX_DIR), "bwrap", tuple(fds.values()))
+            yield Launch(argv, "/", _clean_env(_SANDBOX_DIR), "bwrap", tuple(fds.values()))
         return
     with _host_workdir(files) as tmpdir:
         argv = [sys.executable, *_PYTHON_FLAGS, "-c", _BOOTSTRAP, mode, *limits, "-1", "-1"]
-        yield _Launch(argv, tmpdir, _clean_env(tmpdir), "rlimits")
+        yield Launch(argv, tmpdir, _clean_env(tmpdir), "rlimits")
 
 
 def _probe_bwrap() -> tuple[int, str]:
     """Run ``pass`` under bwrap, blocking (once per process): its exit code and stderr."""
-    with _launch("run", {"main.py": "pass"}, "bwrap", timeout_s=10, memory_mb=256) as probe:
+    with launching("run", {"main.py": "pass"}, "bwrap", timeout_s=10, memory_mb=256) as probe:
         proc = subprocess.Popen(
             probe.argv,
             cwd=probe.cwd,
@@ -425,7 +343,7 @@ def _probe_bwrap() -> tuple[int, str]:
         try:
             _, stderr = proc.communicate(timeout=_PROBE_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            _kill_group(proc.pid)
+            kill_group(proc.pid)
             _, stderr = proc.communicate()
     return proc.returncode, stderr[:OUTPUT_LIMIT_BYTES].decode("utf-8", errors="replace")
 
@@ -462,210 +380,6 @@ def choose_isolation(isolation: IsolationMode = "auto") -> Isolation:
     return "rlimits"
 
 
-def _kill_group(pid: int) -> None:
+def kill_group(pid: int) -> None:
     with contextlib.suppress(ProcessLookupError, PermissionError):
         os.killpg(pid, signal.SIGKILL)
-
-
-class _CappedBuffer:
-    def __init__(self) -> None:
-        self.data = bytearray()
-        self.truncated = False
-
-    def add(self, chunk: bytes) -> None:
-        room = OUTPUT_LIMIT_BYTES - len(self.data)
-        if len(chunk) > room:
-            self.truncated = True
-            chunk = chunk[: max(room, 0)]
-        self.data += chunk
-
-    def text(self) -> str:
-        return self.data.decode("utf-8", errors="replace")
-
-
-def _result(
-    out: _CappedBuffer,
-    err: _CappedBuffer,
-    returncode: int | None,
-    timed_out: bool,
-    isolation: Isolation,
-) -> SandboxResult:
-    return SandboxResult(
-        stdout=out.text(),
-        stderr=err.text(),
-        exit_code=returncode if returncode is not None else -int(signal.SIGKILL),
-        timed_out=timed_out,
-        truncated=out.truncated or err.truncated,
-        isolation=isolation,
-    )
-
-
-# ---------------------------------------------------------------------------------------
-# The runner (asyncio: the loop is never blocked)
-# ---------------------------------------------------------------------------------------
-
-
-async def _read_capped(stream: asyncio.StreamReader, buf: _CappedBuffer) -> None:
-    while chunk := await stream.read(65536):
-        buf.add(chunk)
-
-
-async def _feed(stream: asyncio.StreamWriter, data: bytes) -> None:
-    with contextlib.suppress(OSError):
-        if data:
-            stream.write(data)
-            await stream.drain()
-        stream.close()
-
-
-async def _run_async(launch: _Launch, stdin: bytes, timeout_s: float) -> SandboxResult:
-    out, err = _CappedBuffer(), _CappedBuffer()
-    proc = await asyncio.create_subprocess_exec(
-        *launch.argv,
-        cwd=launch.cwd,
-        env=launch.env,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        start_new_session=True,
-        close_fds=True,
-        pass_fds=launch.pass_fds,
-    )
-    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
-    io_tasks = [
-        asyncio.create_task(_feed(proc.stdin, stdin)),
-        asyncio.create_task(_read_capped(proc.stdout, out)),
-        asyncio.create_task(_read_capped(proc.stderr, err)),
-    ]
-    timed_out = False
-    try:
-        try:
-            await asyncio.wait_for(proc.wait(), timeout_s)
-        except TimeoutError:
-            timed_out = True
-    finally:
-        # Runs on cancellation too: the child never outlives its caller.
-        _kill_group(proc.pid)
-        try:
-            await asyncio.shield(_reap(proc, io_tasks))
-        finally:
-            for task in io_tasks:
-                task.cancel()
-    return _result(out, err, proc.returncode, timed_out, launch.isolation)
-
-
-async def _reap(proc: asyncio.subprocess.Process, io_tasks: list[asyncio.Task[None]]) -> None:
-    await proc.wait()
-    _done, pending = await asyncio.wait(io_tasks, timeout=_DRAIN_S)
-    for task in pending:
-        task.cancel()
-    for task in io_tasks:
-        if task.done() and not task.cancelled():
-            task.exception()  # retrieved: a broken pipe on stdin is not an error here
-
-
-# ---------------------------------------------------------------------------------------
-# Public API
-# ---------------------------------------------------------------------------------------
-
-
-async def run_python_async(
-    code: str,
-    *,
-    timeout_s: float = 5.0,
-    memory_mb: int = 256,
-    stdin: str = "",
-    isolation: IsolationMode = "auto",
-) -> SandboxResult:
-    """Run ``code`` as ``__main__`` in the sandbox (see the module docstring).
-
-    The wall-clock ``timeout_s`` kills the whole process group; CPU time is limited to
-    about the same. ``memory_mb`` bounds the address space (a big allocation raises
-    ``MemoryError`` in the child). ``isolation``: see :func:`choose_isolation`. The event
-    loop is never blocked; cancelling the awaiting task kills the process group and
-    re-raises.
-    """
-    _check(timeout_s, memory_mb, isolation)
-    chosen = await asyncio.to_thread(choose_isolation, isolation)
-    with _launch("run", {"main.py": code}, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
-        return await _run_async(run, stdin.encode("utf-8"), timeout_s)
-
-
-def _test_report(result: SandboxResult, nonce: str, timeout_s: float) -> TestReport:
-    planned: int | None = None
-    passed = failed = 0
-    errors: list[str] = []
-    done = False
-    prefix = nonce + " "
-    for line in result.stdout.splitlines():
-        if not line.startswith(prefix):
-            continue
-        try:
-            item: dict[str, Any] = json.loads(line[len(prefix) :])
-        except ValueError:
-            continue
-        if "planned" in item:
-            planned = int(item["planned"])
-        elif item.get("done"):
-            done = True
-        elif item.get("ok"):
-            passed += 1
-        else:
-            failed += 1
-            if len(errors) < _MAX_ERRORS:
-                errors.append(str(item.get("error", "failed"))[:_MAX_ERROR_CHARS])
-    if not done:
-        # Timed out, crashed (os._exit, a signal, MemoryError in the bootstrap) or the
-        # report was cut: whatever did not report failed.
-        failed += max(1, (planned or 0) - passed - failed)
-        if result.timed_out:
-            errors.append(f"timed out after {timeout_s:g} s")
-        else:
-            tail = result.stderr.strip().splitlines()[-1:] or [f"exit code {result.exit_code}"]
-            errors.append(f"the test run ended without a report: {tail[0][:_MAX_ERROR_CHARS]}")
-    elif failed and planned is not None and passed + failed < planned:
-        # the candidate (or the tests module) failed before any test could run
-        failed = planned - passed
-    return TestReport(
-        passed=passed,
-        failed=failed,
-        errors=errors,
-        timed_out=result.timed_out,
-        isolation=result.isolation,
-    )
-
-
-def _test_files(candidate: str, tests: str) -> dict[str, str]:
-    return {"candidate.py": candidate, "tests.py": tests}
-
-
-async def run_tests_async(
-    candidate: str,
-    tests: str,
-    *,
-    timeout_s: float = 10.0,
-    memory_mb: int = 256,
-    isolation: IsolationMode = "auto",
-) -> TestReport:
-    """Run ``candidate`` then ``tests`` (plain Python) in one namespace in the sandbox.
-
-    Each top-level ``test*`` function (sync or async) is one test. Top-level ``assert``
-    statements together are one more test (and the only one when there are no test
-    functions). Both files run with ``__name__ == "__ponder_test__"``, so a candidate's
-    ``if __name__ == "__main__":`` block does not run. If the candidate or the tests
-    module raises, every planned test fails. Output printed by the code is discarded.
-    The event loop is never blocked.
-    """
-    _check(timeout_s, memory_mb, isolation)
-    chosen = await asyncio.to_thread(choose_isolation, isolation)
-    nonce = secrets.token_hex(16)
-    files = _test_files(candidate, tests)
-    with _launch("tests", files, chosen, timeout_s=timeout_s, memory_mb=memory_mb) as run:
-        result = await _run_async(run, (nonce + "\n").encode(), timeout_s)
-    return _test_report(result, nonce, timeout_s)
-
-
-def extract_program_output(text: str) -> str | None:
-    """The program in a model answer: its last fenced ``python`` block (an untagged block
-    if none is tagged), or None."""
-    return extract_code_block(text, python_only=True)
