@@ -29,20 +29,6 @@ from typing import Literal
 
 from ponder.errors import PonderError
 
-__all__ = [
-    "NPROC_LIMIT",
-    "OUTPUT_LIMIT_BYTES",
-    "WORKDIR_BYTES",
-    "Isolation",
-    "IsolationMode",
-    "Launch",
-    "SandboxUnavailable",
-    "check_run_args",
-    "choose_isolation",
-    "kill_group",
-    "launching",
-]
-
 log = logging.getLogger("ponder.sandbox")
 
 #: which isolation ran: ``bwrap`` (namespaces) or ``rlimits`` (best effort)
