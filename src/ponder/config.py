@@ -27,7 +27,7 @@ from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
 
 from ponder.errors import ConfigError
-from ponder.types import Mode
+from ponder.types import Mode, ReasoningPath
 
 __all__ = [
     "CROSS_FIELD_CHECKS",
@@ -81,8 +81,8 @@ class ModeConfig(BaseModel):
         description="auto mode: the stop rule's target over deep's plan (stage 3), where "
         "target_confidence ends stages 1 and 2; None: target_confidence",
     )
-    paths: list[str] = Field(
-        default_factory=lambda: ["cot"],
+    paths: list[ReasoningPath] = Field(
+        default_factory=lambda: [ReasoningPath.cot],
         description="reasoning paths the samples are spread over: cot, decompose, pot",
     )
     progressive: bool = Field(
@@ -99,9 +99,8 @@ class ModeConfig(BaseModel):
 
     @field_validator("paths")
     @classmethod
-    def _check_paths(cls, value: list[str]) -> list[str]:
-        unknown = set(value) - {"cot", "decompose", "pot"}
-        if not value or unknown:
+    def _check_paths(cls, value: list[ReasoningPath]) -> list[ReasoningPath]:
+        if not value:  # a value that is no ReasoningPath fails before this
             raise ValueError(f"paths must be a non-empty list of cot, decompose, pot; got {value}")
         return value
 
@@ -120,7 +119,8 @@ def default_modes() -> dict[Mode, ModeConfig]:
         Mode.deep: ModeConfig(
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
-            early_stop=True, paths=["cot", "pot", "decompose"], progressive=True, clarify=True,
+            early_stop=True, paths=[ReasoningPath.cot, ReasoningPath.pot, ReasoningPath.decompose],
+            progressive=True, clarify=True,
         ),
         # the cascade's plan is deep's (its paths, its size); target_confidence is the
         # calibrated confidence that ends stage 1 or 2, vote_target the stop rule's target
@@ -129,7 +129,7 @@ def default_modes() -> dict[Mode, ModeConfig]:
             samples=5, max_samples=12, temperature=0.4, max_new_tokens=1024,
             max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
             early_stop=True, target_confidence=AUTO_TARGET, vote_target=AUTO_VOTE_TARGET,
-            paths=["cot", "pot", "decompose"],
+            paths=[ReasoningPath.cot, ReasoningPath.pot, ReasoningPath.decompose],
         ),
     }  # fmt: skip
 

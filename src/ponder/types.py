@@ -18,6 +18,7 @@ __all__ = [
     "Delivery",
     "EventName",
     "Mode",
+    "ReasoningPath",
     "Result",
     "Sample",
     "SampleStatus",
@@ -85,6 +86,17 @@ class EventName(StrEnum):
     result = "result"
 
 
+class ReasoningPath(StrEnum):
+    """How a sample reasons (``Sample.path``; a mode's ``paths`` spread its samples)."""
+
+    #: chain of thought: step by step, ending with the answer
+    cot = "cot"
+    #: the problem broken into sub-questions answered in turn, then combined
+    decompose = "decompose"
+    #: program of thought (math): a Python program, run in the sandbox, prints the answer
+    pot = "pot"
+
+
 class TaskType(StrEnum):
     auto = "auto"
     math = "math"
@@ -105,7 +117,7 @@ class TaskError(BaseModel):
 
 class Sample(BaseModel):
     index: int
-    path: str = "cot"
+    path: ReasoningPath = ReasoningPath.cot
     temperature: float
     seed: int
     status: SampleStatus = SampleStatus.queued

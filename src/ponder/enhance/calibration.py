@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any
 
-from ponder.types import Mode, Sample
+from ponder.types import Mode, ReasoningPath, Sample
 
 __all__ = [
     "RESULT_FEATURES",
@@ -167,8 +167,8 @@ def sample_features(
         "truncated": 1.0 if sample.finish_reason == "length" else 0.0,
         "repetition": repeated,
         "log_tokens": math.log1p(sample.tokens.completion),
-        "pot": 1.0 if sample.path == "pot" else 0.0,
-        "decompose": 1.0 if sample.path == "decompose" else 0.0,
+        "pot": 1.0 if sample.path == ReasoningPath.pot else 0.0,
+        "decompose": 1.0 if sample.path == ReasoningPath.decompose else 0.0,
         "choice": 1.0 if task_type == "choice" else 0.0,
         "text": 1.0 if task_type == "text" else 0.0,
         "code": 1.0 if task_type == "code" else 0.0,

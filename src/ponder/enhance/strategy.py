@@ -68,7 +68,7 @@ from ponder.enhance.calibration import (
     result_features,
     sample_features,
 )
-from ponder.types import Mode, Result, Sample, SampleStatus, Task, TaskType
+from ponder.types import Mode, ReasoningPath, Result, Sample, SampleStatus, Task, TaskType
 
 __all__ = [
     "ANYTIME_MODES",
@@ -263,11 +263,11 @@ class Strategy:
             for i in range(task.samples_planned)
         ]
 
-    def sample_paths(self, planned: int) -> list[str]:
+    def sample_paths(self, planned: int) -> list[ReasoningPath]:
         """The path of each planned sample: the mode's ``paths`` in turn, a path the answer
         type does not allow run as cot. Auto mode's second sample (stage 2) takes the
         first other path the type allows, moved forward from its place in deep's order."""
-        cycle = [p if p in self.answers.paths else "cot" for p in self.config.paths]
+        cycle = [p if p in self.answers.paths else ReasoningPath.cot for p in self.config.paths]
         paths = [cycle[i % len(cycle)] for i in range(planned)]
         if self.cascade and planned > 2:
             other = next((i for i, p in enumerate(paths) if i > 0 and p != paths[0]), None)

@@ -20,7 +20,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar, TypeVar
 
-from ponder.types import Sample, Task, TaskType
+from ponder.types import ReasoningPath, Sample, Task, TaskType
 
 if TYPE_CHECKING:
     from ponder.config import Settings
@@ -45,8 +45,8 @@ TAIL_CHARS = 20_000
 ANSWER_LINE = "End with the sentence: The answer is <answer>."
 #: the system instruction of each reasoning path every type allows (``pot`` is math's)
 PATH_INSTRUCTIONS = {
-    "cot": f"Think step by step. {ANSWER_LINE}",
-    "decompose": (
+    ReasoningPath.cot: f"Think step by step. {ANSWER_LINE}",
+    ReasoningPath.decompose: (
         "Break the problem into smaller sub-questions and answer each one in turn, "
         f"then combine them. {ANSWER_LINE}"
     ),
@@ -81,17 +81,19 @@ class AnswerType(ABC):
 
     task_type: ClassVar[TaskType]
     #: the system instruction of a chain-of-thought sample of this type
-    instruction: ClassVar[str] = PATH_INSTRUCTIONS["cot"]
+    instruction: ClassVar[str] = PATH_INSTRUCTIONS[ReasoningPath.cot]
     #: the reasoning paths a sample of this type may take (a mode's ``paths``); a path
     #: not listed runs as ``cot``
-    paths: ClassVar[frozenset[str]] = frozenset(PATH_INSTRUCTIONS)
+    paths: ClassVar[frozenset[ReasoningPath]] = frozenset(PATH_INSTRUCTIONS)
 
-    def instruction_for(self, path: str) -> str:
+    def instruction_for(self, path: ReasoningPath) -> str:
         """The system instruction of a sample on ``path`` (one of :attr:`paths`): the
         path's own for ``decompose``, else :attr:`instruction`."""
-        return PATH_INSTRUCTIONS["decompose"] if path == "decompose" else self.instruction
+        if path == ReasoningPath.decompose:
+            return PATH_INSTRUCTIONS[ReasoningPath.decompose]
+        return self.instruction
 
-    def reminder_for(self, path: str) -> str | None:
+    def reminder_for(self, path: ReasoningPath) -> str | None:
         """Text appended to the user's last message on ``path`` (the instruction again,
         after the question, where a small model follows the question's own wording over
         the system message); None by default."""

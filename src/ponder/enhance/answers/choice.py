@@ -27,7 +27,7 @@ from ponder.enhance.answers.base import (
     register,
     statement_signals,
 )
-from ponder.types import TaskType
+from ponder.types import ReasoningPath, TaskType
 
 __all__ = ["ChoiceAnswer", "parse_options"]
 
@@ -128,7 +128,7 @@ class ChoiceAnswer(AnswerType):
     task_type = TaskType.choice
     instruction = f"Answer with the letter of the correct option. {ANSWER_LINE}"
 
-    def instruction_for(self, path: str) -> str:
+    def instruction_for(self, path: ReasoningPath) -> str:
         """:attr:`instruction` on every path."""
         return self.instruction
 

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 from ponder.enhance.answers.base import AnswerType, Question, register
 from ponder.enhance.fences import extract_code_block, fenced_blocks
 from ponder.enhance.sandbox import run_tests_async
-from ponder.types import Sample, Task, TaskType
+from ponder.types import ReasoningPath, Sample, Task, TaskType
 
 if TYPE_CHECKING:
     from ponder.config import Settings
@@ -107,7 +107,7 @@ class CodeAnswer(AnswerType):
     task_type = TaskType.code
     instruction = "Give the complete solution as one ```python code block."
 
-    def instruction_for(self, path: str) -> str:
+    def instruction_for(self, path: ReasoningPath) -> str:
         """:attr:`instruction` on every path."""
         return self.instruction
 

@@ -46,7 +46,7 @@ from ponder.enhance.answers.base import (
 )
 from ponder.enhance.mathverify import get_pool
 from ponder.enhance.programs import run_program
-from ponder.types import Sample, Task, TaskType
+from ponder.types import ReasoningPath, Sample, Task, TaskType
 
 if TYPE_CHECKING:
     from ponder.config import Settings
@@ -346,21 +346,21 @@ POT_INSTRUCTION = (
 @register
 class MathAnswer(AnswerType):
     task_type = TaskType.math
-    paths = frozenset({*PATH_INSTRUCTIONS, "pot"})
+    paths = frozenset({*PATH_INSTRUCTIONS, ReasoningPath.pot})
 
-    def instruction_for(self, path: str) -> str:
-        return POT_INSTRUCTION if path == "pot" else super().instruction_for(path)
+    def instruction_for(self, path: ReasoningPath) -> str:
+        return POT_INSTRUCTION if path == ReasoningPath.pot else super().instruction_for(path)
 
-    def reminder_for(self, path: str) -> str | None:
+    def reminder_for(self, path: ReasoningPath) -> str | None:
         """A program-of-thought sample gets its instruction after the question too: with it
         in the system message alone, Qwen2.5-Coder-0.5B answered a question worded "State
         the final answer ..." in prose (0 programs in 20 such problems of the quality
         benchmark's fit half, 16 with the reminder)."""
-        return POT_INSTRUCTION if path == "pot" else None
+        return POT_INSTRUCTION if path == ReasoningPath.pot else None
 
     def answer_text(self, sample: Sample) -> str:
         """A program-of-thought sample whose program ran: the last line it printed."""
-        if sample.path == "pot" and sample.program_output is not None:
+        if sample.path == ReasoningPath.pot and sample.program_output is not None:
             lines = [line for line in sample.program_output.splitlines() if line.strip()]
             return lines[-1] if lines else ""
         return super().answer_text(sample)
@@ -369,7 +369,8 @@ class MathAnswer(AnswerType):
         """A program-of-thought sample: run its program in the sandbox (a last bare
         expression printed, as a notebook cell does) and keep the end of what it printed
         (``program_output``) and how it was isolated."""
-        run = await run_program(sample.text or "", settings) if sample.path == "pot" else None
+        pot = sample.path == ReasoningPath.pot
+        run = await run_program(sample.text or "", settings) if pot else None
         if run is None:
             return
         sample.program_output = run.stdout[-2000:]
