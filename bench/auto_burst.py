@@ -29,10 +29,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos import wait_ready
+from harness import RESULTS, free_port, load_avg, percentile, wait_ready
 from ponder.client import AsyncClient
-from procs import free_port, percentile
-from quality_collect import RESULTS, load_avg
 
 REPORT = RESULTS / "auto-burst.md"
 PROMPTS = (

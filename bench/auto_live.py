@@ -33,12 +33,11 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from chaos import wait_ready
+from harness import RESULTS, ROOT, free_port, load_avg, percentile, wait_ready
 from ponder.client import AsyncClient
 from ponder.enhance.strategy import create_strategy
 from ponder.types import Sample, SampleStatus, Task
-from procs import free_port, percentile
-from quality_collect import DATASETS, RESULTS, ROOT, Scorer, load_avg
+from quality_collect import DATASETS, Scorer
 from quality_replay import SETTINGS, mcnemar, wilson
 
 #: a reasoning-gym seed no collection used (the quality records are of 20261202)

@@ -36,28 +36,17 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import httpx
 from openai import AsyncOpenAI
 
-from chaos import (
-    RESULTS,
+from harness import (
     TERMINAL,
-    PonderProc,
-    RedisProc,
-    api_argv,
-    cluster_logs,
-    code_version,
-    environment,
-    free_port,
-    load_note,
+    own_cluster,
+    parse_cluster_args,
     percentile,
-    ponder_env,
-    redis_version,
-    wait_ready,
-    worker_argv,
+    report_head,
     write_report,
 )
 
@@ -189,20 +178,20 @@ async def run_batch(sdk: AsyncOpenAI, lines: int, done: asyncio.Event) -> Any:
 async def main(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()[0]
     rng = random.Random(args.seed)
-    async with cluster_logs(args.keep_logs) as tmp:
-        redis_server = RedisProc(tmp / "redis", aof=False)
-        await redis_server.start()
-        port = free_port()
-        env = ponder_env(redis_server.url, PREFIX, scripted_step_ms=args.step_ms,
-                         engine_max_rows=args.max_rows, max_pending=args.max_pending,
-                         batch_max_in_flight=args.in_flight)  # fmt: skip
-        api = PonderProc("api", api_argv(port), {**env, "PONDER_NODE_ID": "api1"}, tmp)
-        worker = PonderProc("worker", worker_argv(), {**env, "PONDER_NODE_ID": "w1"}, tmp)
-        url = f"http://127.0.0.1:{port}"
+    async with own_cluster(PREFIX, args.keep_logs) as cluster:
+        settings = {
+            "scripted_step_ms": args.step_ms,
+            "engine_max_rows": args.max_rows,
+            "max_pending": args.max_pending,
+            "batch_max_in_flight": args.in_flight,
+        }
+        api = cluster.api(**settings)
+        worker = cluster.worker("w1", **settings)
+        url = cluster.url
         try:
             await api.start()
             await worker.start()
-            await wait_ready(url, workers=1)
+            await cluster.ready(1)
             async with (
                 httpx.AsyncClient(base_url=url, timeout=30) as c,
                 AsyncOpenAI(base_url=f"{url}/v1", api_key="x", max_retries=2) as sdk,
@@ -225,9 +214,8 @@ async def main(args: argparse.Namespace) -> int:
             raise
         finally:
             for proc in (worker, api):
-                await proc.terminate()
-            redis_info = await redis_version(redis_server.url)
-            await redis_server.kill()
+                await proc.stop(timeout_s=30)
+            redis_info = await cluster.redis.version()
     report = render(args, capacity, alone, mixed, batch, redis_info, load_start)
     write_report(args.out, report)
     print(f"wrote {args.out}")
@@ -241,16 +229,14 @@ def render(args: argparse.Namespace, capacity: float, alone: Phase, mixed: Phase
     throughput = counts.completed / span_s
     ratio = percentile(mixed.latencies_s, 99) / percentile(alone.latencies_s, 99)
     met = batch.status == "completed" and ratio <= 1.5 and mixed.refused == 0
+    load = (load_start, os.getloadavg()[0])
     now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     command = (
         "make bench-batch" if not args.argv else f".venv/bin/python bench/batch.py {args.argv}"
     )
     return f"""# Batch API under interactive load
 
-`{command}` at commit {code_version()}, {now}, seed {args.seed}.
-{environment()}, redis-server {redis_info}.
-
-{load_note(load_start, os.getloadavg()[0])}
+{report_head(f"`{command}`", args.commit, f"{now}, seed {args.seed}", redis_info, load)}
 
 Goal (interactive p99 with the batch at most 1.5 x without it, no interactive submit
 refused, the batch completed): **{"met" if met else "not met"}** (p99 ratio {ratio:.2f}).
@@ -297,9 +283,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--in-flight", type=int, default=8, help="PONDER_BATCH_MAX_IN_FLIGHT")
     p.add_argument("--max-pending", type=int, default=500, help="PONDER_MAX_PENDING")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", type=Path, default=RESULTS / "batch.md")
-    p.add_argument("--keep-logs", action="store_true")
-    args = p.parse_args(argv)
+    args = parse_cluster_args(p, "batch.md", argv)
     args.argv = " ".join(sys.argv[1:] if argv is None else argv)
     return args
 

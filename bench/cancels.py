@@ -5,7 +5,7 @@ Run with ``make bench-cancel`` (``.venv/bin/python bench/cancels.py``); writes
 
 Over its own ``redis-server`` (a free loopback port, never the machine's shared Redis) the
 script starts one ``ponder api`` and one ``ponder worker`` (scripted engine, run through
-``chaos.py --as-worker``, which logs the moment the worker tells the engine to stop a
+``harness.py --as-worker``, which logs the moment the worker tells the engine to stop a
 sample: ``C time task index``). ``--background`` tasks that never finish keep the worker
 busy; then, one at a time, ``--tasks`` such tasks are submitted, followed until their
 sample is in the engine, and cancelled. One cancel's latency is the time from just before
@@ -21,7 +21,6 @@ import asyncio
 import contextlib
 import datetime
 import os
-import subprocess
 import sys
 import time
 from collections.abc import Sequence
@@ -29,21 +28,12 @@ from pathlib import Path
 
 import httpx
 
-from chaos import (
-    RESULTS,
-    PonderProc,
-    RedisProc,
-    api_argv,
-    cluster_logs,
-    code_version,
-    environment,
-    free_port,
-    load_note,
+from harness import (
+    load_avg,
+    own_cluster,
+    parse_cluster_args,
     percentile,
-    ponder_env,
-    redis_version,
-    wait_ready,
-    worker_argv,
+    report_head,
     write_report,
 )
 
@@ -89,27 +79,17 @@ class EngineLog:
 
 async def main(args: argparse.Namespace) -> int:
     load_start = os.getloadavg()[0]
-    uptime = (
-        await asyncio.to_thread(subprocess.run, ["uptime"], capture_output=True, text=True)
-    ).stdout.strip()
-    async with cluster_logs(args.keep_logs) as tmp:
-        redis_server = RedisProc(tmp / "redis", aof=False)
-        await redis_server.start()
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
-        api = PonderProc(
-            "api", api_argv(port), ponder_env(redis_server.url, PREFIX, node_id="api1"), tmp
-        )
-        log = EngineLog(tmp / "engine.log")
-        env = ponder_env(
-            redis_server.url, PREFIX, node_id="w1", worker_max_tasks=args.background + 4
-        )
-        worker = PonderProc("w1", worker_argv(log.path), env, tmp)
+    uptime = await asyncio.to_thread(load_avg)
+    async with own_cluster(PREFIX, args.keep_logs) as cluster:
+        url = cluster.url
+        api = cluster.api()
+        log = EngineLog(cluster.logdir / "engine.log")
+        worker = cluster.worker("w1", log.path, worker_max_tasks=args.background + 4)
         latencies: list[float] = []
         try:
             await api.start()
             await worker.start()
-            await wait_ready(url, 1)
+            await cluster.ready(1)
             async with httpx.AsyncClient(base_url=url, timeout=30) as c:
                 for _ in range(args.background):
                     task = (await c.post("/v1/tasks", json=HANG)).json()
@@ -123,11 +103,10 @@ async def main(args: argparse.Namespace) -> int:
                         raise RuntimeError(f"cancel answered {r.status_code}: {r.text[:200]}")
                     await log.until("C", task["id"])
                     latencies.append(log.cancelled[task["id"]] - sent_at)
-            version = await redis_version(redis_server.url)
+            version = await cluster.redis.version()
         finally:
-            await worker.terminate()
-            await api.terminate()
-            await redis_server.kill()
+            await worker.stop(timeout_s=30)
+            await api.stop(timeout_s=30)
     report = render(args, latencies, version, uptime, (load_start, os.getloadavg()[0]))
     await asyncio.to_thread(write_report, Path(args.out), report)
     print(report)
@@ -149,11 +128,15 @@ def render(
         [
             "# Cancel latency across processes",
             "",
-            f"`{command}` (`make bench-cancel`) at commit {args.commit}, "
-            f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC. {environment()}, "
-            f"redis-server {redis_ver}.",
+            report_head(
+                f"`{command}` (`make bench-cancel`)",
+                args.commit,
+                f"{datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC",
+                redis_ver,
+                load,
+            ),
             "",
-            f"`uptime` at start: `{uptime}`. {load_note(*load)}",
+            f"`uptime` at start: `{uptime}`.",
             "",
             f"1 `ponder api` + 1 `ponder worker` over their own Redis, scripted engine; "
             f"{args.background} tasks that never finish keep the worker busy; {len(ms)} more "
@@ -177,12 +160,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=300, help="cancels measured")
     p.add_argument("--background", type=int, default=16, help="running tasks around them")
-    p.add_argument("--out", default=str(RESULTS / "cancels.md"))
-    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
-    p.add_argument("--commit", default=None, help="the code version to name in the report")
-    args = p.parse_args(argv)
-    args.commit = args.commit or code_version()
-    return args
+    return parse_cluster_args(p, "cancels.md", argv)
 
 
 if __name__ == "__main__":

@@ -30,7 +30,7 @@ be 0), samples recomputed, and the takeover time after each kill: the queue entr
 killed worker held (read from the consumer group right after the SIGKILL) until each of
 their tasks started again on another worker (its next ``running`` event).
 
-Workers here are ``ponder worker`` run through this file (``--as-worker``), which only adds
+Workers here are ``ponder worker`` run through ``harness.py --as-worker``, which only adds
 a log line per sample the engine starts, returns or is told to stop; a sample computed
 twice (once by a killed worker, again after the reclaim) is a recomputed one.
 """
@@ -41,17 +41,14 @@ import argparse
 import asyncio
 import contextlib
 import datetime
-import functools
 import json
 import os
-import platform
 import random
 import sys
-import tempfile
 import time
 import uuid
 from collections import Counter
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,191 +56,17 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from procs import Proc, free_port, percentile
-
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
-TERMINAL = {"done", "partial_done", "failed", "cancelled"}
-
-
-# --- processes ----------------------------------------------------------------------
-
-
-class RedisProc:
-    """A redis-server of this run's own (never the machine's shared one)."""
-
-    def __init__(self, workdir: Path, *, aof: bool) -> None:
-        self.workdir = workdir
-        self.aof = aof
-        self.port = free_port()
-        self.proc: asyncio.subprocess.Process | None = None
-
-    @property
-    def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
-
-    async def start(self) -> float:
-        """Start it; return the seconds until it answers (AOF loaded)."""
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        t0 = time.monotonic()
-        with (self.workdir / "redis.log").open("ab") as log:
-            self.proc = await asyncio.create_subprocess_exec(
-                "redis-server", "--port", str(self.port), "--bind", "127.0.0.1",
-                "--dir", str(self.workdir), "--save", "", "--protected-mode", "no",
-                "--appendonly", "yes" if self.aof else "no", "--appendfsync", "always",
-                stdout=log, stderr=asyncio.subprocess.STDOUT,
-            )  # fmt: skip
-        client = aioredis.Redis.from_url(self.url, socket_connect_timeout=1)
-        try:
-            while True:
-                if self.proc.returncode is not None:
-                    raise RuntimeError(f"redis-server exited with {self.proc.returncode}")
-                with contextlib.suppress(aioredis.ConnectionError, aioredis.BusyLoadingError):
-                    if await client.ping():
-                        return time.monotonic() - t0
-                if time.monotonic() - t0 > 30:
-                    raise RuntimeError("redis-server did not answer within 30 s")
-                await asyncio.sleep(0.02)
-        finally:
-            await client.aclose()
-
-    async def kill(self) -> None:
-        if self.proc is not None and self.proc.returncode is None:
-            self.proc.kill()
-            await self.proc.wait()
-        self.proc = None
-
-
-def ponder_env(redis_url: str, prefix: str, **settings: object) -> dict[str, str]:
-    """This environment with ponder's settings for the run."""
-    env = dict(os.environ)
-    env |= {
-        "PONDER_REDIS_URL": redis_url,
-        "PONDER_KEY_PREFIX": prefix,
-        "PONDER_ENGINE": "scripted",
-        "PONDER_API_KEYS": "",
-        "PONDER_LOG_LEVEL": "WARNING",
-    }
-    env.update({f"PONDER_{k.upper()}": str(v) for k, v in settings.items()})
-    return env
-
-
-def api_argv(port: int) -> list[str]:
-    return [sys.executable, "-m", "ponder.cli", "api", "--host", "127.0.0.1", "--port", str(port)]
-
-
-def worker_argv(engine_log: Path | None = None) -> list[str]:
-    if engine_log is None:
-        return [sys.executable, "-m", "ponder.cli", "worker"]
-    return [sys.executable, str(Path(__file__).resolve()), "--as-worker", str(engine_log)]
-
-
-async def wait_ready(url: str, workers: int, timeout_s: float = 60) -> None:
-    """Until /readyz says ready with ``workers`` live workers."""
-    deadline = time.monotonic() + timeout_s
-    async with httpx.AsyncClient(base_url=url, timeout=5) as c:
-        while True:
-            with contextlib.suppress(httpx.HTTPError, ValueError):
-                r = await c.get("/readyz")
-                if r.status_code == 200 and r.json()["workers"] >= workers:
-                    return
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the cluster was not ready within {timeout_s} s")
-            await asyncio.sleep(0.1)
-
-
-def run_as_worker(engine_log: str) -> None:
-    """``ponder worker``, plus a line per sample handed to the engine (``S time task
-    index``), one per sample it returns (``F time task index``) and one per sample the
-    worker tells it to stop (``C time task index``)."""
-    from ponder.cli import app
-    from ponder.engines.scripted import ScriptedEngine
-
-    fd = os.open(engine_log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    submit = ScriptedEngine.submit
-
-    def line(kind: str, request: Any) -> None:
-        os.write(
-            fd, f"{kind} {time.time():.6f} {request.task_id} {request.sample_index}\n".encode()
-        )
-
-    async def logged(self: ScriptedEngine, request: Any) -> Any:
-        request.on_cancel(functools.partial(line, "C", request))
-        line("S", request)
-        out = await submit(self, request)
-        line("F", request)
-        return out
-
-    ScriptedEngine.submit = logged  # type: ignore[method-assign]
-    sys.argv = ["ponder", "worker"]
-    app()
-
-
-# --- helpers ------------------------------------------------------------------------
-
-
-def environment() -> str:
-    import redis
-
-    return (
-        f"{platform.system()} {platform.machine()}, {os.cpu_count()} CPUs, "
-        f"Python {platform.python_version()}, redis-py {redis.__version__}"
-    )
-
-
-def code_version() -> str:
-    """The commit the run measures (``--commit`` overrides, e.g. for a snapshot)."""
-    import subprocess
-
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(ROOT), "status", "--porcelain", "src"],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout.strip()
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
-    return head + (" + uncommitted changes in src/" if dirty else "")
-
-
-def load_note(start: float, end: float) -> str:
-    """The machine's 1-minute load average at the start and end of a run."""
-    return (
-        f"Machine load average (1 min) at start / end: {start:.1f} / {end:.1f} on "
-        f"{os.cpu_count()} CPUs (the machine is shared: anything above the run's own "
-        "processes is other work)."
-    )
-
-
-async def redis_version(url: str) -> str:
-    client = aioredis.Redis.from_url(url, decode_responses=True)
-    try:
-        info = await client.info("server")
-        return str(info.get("redis_version", "?"))
-    finally:
-        await client.aclose()
-
-
-@contextlib.asynccontextmanager
-async def cluster_logs(keep: bool) -> AsyncIterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="ponder-bench-"))
-    try:
-        yield tmp
-    finally:
-        if keep:
-            print(f"logs kept in {tmp}")
-        else:
-            import shutil
-
-            shutil.rmtree(tmp, ignore_errors=True)
-
+from harness import (
+    TERMINAL,
+    Proc,
+    RedisProc,
+    free_port,
+    own_cluster,
+    parse_cluster_args,
+    percentile,
+    report_head,
+    write_report,
+)
 
 # --- the run ------------------------------------------------------------------------
 
@@ -675,11 +498,8 @@ async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     prefix = "chaos"
     load_start = os.getloadavg()[0]
-    async with cluster_logs(args.keep_logs) as tmp:
-        redis_server = RedisProc(tmp / "redis", aof=True)
-        await redis_server.start()
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
+    async with own_cluster(prefix, args.keep_logs, aof=True) as cluster:
+        redis_server, url, tmp = cluster.redis, cluster.url, cluster.logdir
         common = {
             "lease_s": args.lease_s,
             "claim_block_ms": 500,
@@ -688,7 +508,7 @@ async def main(args: argparse.Namespace) -> int:
             "engine_max_rows": 32,
             "shutdown_grace_s": 5,
         }
-        api = Proc("api", api_argv(port), ponder_env(redis_server.url, prefix, node_id="api1"), tmp)
+        api = cluster.api()
         workers: list[Proc] = []
         engine_logs: list[Path] = []
         serial = iter(range(1, 10_000))
@@ -697,25 +517,22 @@ async def main(args: argparse.Namespace) -> int:
             n = next(serial)
             log = tmp / f"engine-w{n}.log"
             engine_logs.append(log)
-            env = ponder_env(redis_server.url, prefix, node_id=f"w{n}", **common)
-            return await Proc(f"w{n}", worker_argv(log), env, tmp).start()
+            return await cluster.worker(f"w{n}", log, **common).start()
 
         engine_workers: list[EngineWorker] = []
 
         async def start_engine_worker(n: int) -> EngineWorker:
             metrics_port = free_port()
-            env = ponder_env(
-                redis_server.url,
-                prefix,
+            proc = cluster.worker(
+                f"e{n}",
                 **{**common, "engine_max_rows": 8},
-                node_id=f"e{n}",
                 engine="openvino",
                 engine_threads=1,
                 worker_max_tasks=2,
                 metrics_port=metrics_port,
                 host="127.0.0.1",
             )
-            proc = await Proc(f"e{n}", worker_argv(), env, tmp).start()
+            await proc.start()
             return EngineWorker(proc, f"http://127.0.0.1:{metrics_port}/metrics")
 
         run = Run(args, url=url)
@@ -725,7 +542,7 @@ async def main(args: argparse.Namespace) -> int:
                 workers.append(await start_worker())
             for n in range(1, args.engine_workers + 1):
                 engine_workers.append(await start_engine_worker(n))
-            await wait_ready(url, args.workers + args.engine_workers, timeout_s=300)
+            await cluster.ready(args.workers + args.engine_workers, timeout_s=300)
             print(
                 f"cluster ready: api {url}, {args.workers} workers + {args.engine_workers} "
                 f"with the openvino engine, redis {redis_server.url}"
@@ -756,7 +573,7 @@ async def main(args: argparse.Namespace) -> int:
             audit = await audit_events(redis_server.url, prefix, ids)
             work = read_engine_logs(engine_logs, run.outage_wall)
             run.load = (load_start, os.getloadavg()[0])
-            version = await redis_version(redis_server.url)
+            version = await redis_server.version()
         finally:
             codes = {}
             for w in workers:
@@ -764,7 +581,6 @@ async def main(args: argparse.Namespace) -> int:
             for e in engine_workers:
                 codes[e.proc.name] = await e.proc.stop(timeout_s=30)
             codes["api"] = await api.stop(timeout_s=30)
-            await redis_server.kill()
         audit["engine_logged"] = engine_deaths_logged(run, engine_workers)
         audit["engine_codes"] = [codes[e.proc.name] for e in engine_workers]
         audit["engine_error_lines"] = sum(
@@ -782,11 +598,6 @@ async def main(args: argparse.Namespace) -> int:
         print(report)
         print(f"wrote {out}")
         return 0 if verdict(run, final, audit) else 1
-
-
-def write_report(out: Path, report: str) -> None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(report)
 
 
 def counts(run: Run, final: dict[str, str], audit: dict[str, Any]) -> dict[str, int]:
@@ -854,11 +665,13 @@ def render(
     lines = [
         "# Chaos run",
         "",
-        f"`make chaos` (`.venv/bin/python bench/chaos.py`) at commit {args.commit}, "
-        f"seed {args.seed}, started {run.started_at}. "
-        f"{environment()}, redis-server {redis_ver}.",
-        "",
-        load_note(*run.load),
+        report_head(
+            "`make chaos` (`.venv/bin/python bench/chaos.py`)",
+            args.commit,
+            f"seed {args.seed}, started {run.started_at}",
+            redis_ver,
+            run.load,
+        ),
         "",
         f"Verdict: **{'PASS' if ok else 'FAIL'}** — every accepted task ended exactly once, "
         "none lost, none stuck."
@@ -1022,17 +835,9 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine-kill-s", default="12,20", help="seconds between engine process kills: low,high"
     )
-    p.add_argument("--out", default=str(RESULTS / "chaos.md"))
-    p.add_argument("--keep-logs", action="store_true", help="keep the processes' logs")
-    p.add_argument("--commit", default=None, help="the code version to name in the report")
-    args = p.parse_args(argv)
-    args.commit = args.commit or code_version()
-    return args
+    return parse_cluster_args(p, "chaos.md", argv)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--as-worker":
-        run_as_worker(sys.argv[2])
-    else:
-        with contextlib.suppress(KeyboardInterrupt):
-            sys.exit(asyncio.run(main(parse_args())))
+    with contextlib.suppress(KeyboardInterrupt):
+        sys.exit(asyncio.run(main(parse_args())))

@@ -51,12 +51,12 @@ import httpx  # noqa: E402
 import uvicorn  # noqa: E402
 
 import batching  # noqa: E402  (the scripted workload and driver)
+from harness import STAND_IN, free_port  # noqa: E402  (the stand-in OpenAI server)
 from ponder.batcher import DynamicBatcher  # noqa: E402
 from ponder.config import Settings, load_settings  # noqa: E402
 from ponder.engines.base import SampleOutput, SampleRequest  # noqa: E402
 from ponder.engines.scripted import ScriptedEngine  # noqa: E402
 from ponder.errors import EngineBusy  # noqa: E402
-from procs import STAND_IN, free_port  # noqa: E402  (the stand-in OpenAI server)
 
 RESULTS = ROOT / "bench" / "results"
 SEED = 20261201

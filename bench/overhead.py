@@ -85,7 +85,7 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
-from procs import STAND_IN, Proc, free_port, percentile
+from harness import STAND_IN, Proc, free_port, percentile
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -221,7 +221,7 @@ class Window:
         return self
 
 
-# --- processes (procs.py: free_port, Proc, the stand-in's STAND_IN) --------------------
+# --- processes (harness.py: free_port, Proc, the stand-in's STAND_IN)--------------------
 
 
 async def until(
@@ -293,7 +293,7 @@ class Redis:
 
 
 class StandIn:
-    """The stand-in OpenAI-compatible server (``procs.STAND_IN``) in a subprocess: every
+    """The stand-in OpenAI-compatible server (``harness.STAND_IN``) in a subprocess: every
     request answered after ``delay_s``, at most ``slots`` at once."""
 
     def __init__(self, logdir: Path, delay_s: float, slots: int) -> None:
@@ -790,18 +790,25 @@ class Bench:
             client, mode, self.s.warmup, self.s.clients, self.next_indices(self.s.warmup)
         )
 
+    async def closed(
+        self, cluster: Cluster, client: Client, mode: str, loop: str
+    ) -> tuple[Phase, dict[str, tuple[int, float]] | None]:
+        """A closed loop of ``mode`` tasks (saturation), measured and recorded as ``loop``."""
+        s = self.s
+
+        async def run() -> tuple[list[TaskResult], float]:
+            start = self.next_indices(s.tasks)
+            return await closed_loop(client, mode, s.tasks, s.clients, start), math.nan
+
+        return await self.measure(cluster, client, mode, loop, run)
+
     async def case(self, cluster: Cluster, mode: str, open_loads: bool = True) -> Phase:
         """Closed loop (saturation), then open loop at each of ``loads`` x its rate."""
         s = self.s
         client = Client(cluster.urls, s.poll_s)
         try:
             await self.warm(client, mode)
-
-            async def closed() -> tuple[list[TaskResult], float]:
-                start = self.next_indices(s.tasks)
-                return await closed_loop(client, mode, s.tasks, s.clients, start), math.nan
-
-            saturated, stats = await self.measure(cluster, client, mode, "closed", closed)
+            saturated, stats = await self.closed(cluster, client, mode, "closed")
             if stats is not None:
                 self.commandstats[saturated.case] = {
                     "tasks": saturated.done,
@@ -1347,16 +1354,10 @@ async def capacity(bench: Bench, cluster: Cluster) -> None:
 
 async def closed_case(bench: Bench, cluster: Cluster, loop: str, mode: str = "fast") -> Phase:
     """A closed loop of ``mode`` tasks after a warm-up, recorded as ``loop``."""
-    s = bench.s
-    client = Client(cluster.urls, s.poll_s)
+    client = Client(cluster.urls, bench.s.poll_s)
     try:
         await bench.warm(client, mode)
-
-        async def run() -> tuple[list[TaskResult], float]:
-            start = bench.next_indices(s.tasks)
-            return await closed_loop(client, mode, s.tasks, s.clients, start), math.nan
-
-        phase, _ = await bench.measure(cluster, client, mode, loop, run)
+        phase, _ = await bench.closed(cluster, client, mode, loop)
     finally:
         await client.aclose()
     return phase

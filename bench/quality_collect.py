@@ -20,7 +20,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import subprocess
 import tempfile
 import time
 from collections.abc import AsyncIterator, Sequence
@@ -28,8 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "bench" / "results"
+from harness import RESULTS, load_avg
 
 DATASETS = (
     "gsm_symbolic", "basic_arithmetic", "chain_sum", "family_relationships", "arithmetic_choice",
@@ -198,12 +196,6 @@ def revision(record: dict[str, Any], mode: str) -> int:
 def append_record(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as f:
         f.write(json.dumps(record, separators=(",", ":")) + "\n")
-
-
-def load_avg() -> str:
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        return subprocess.run(["uptime"], capture_output=True, text=True, timeout=5).stdout.strip()
-    return "?"
 
 
 def bench_settings(workdir: Path, model: str, batch: int, threads: int) -> Any:

@@ -38,22 +38,12 @@ import httpx
 import psutil
 import redis.asyncio as aioredis
 
-from chaos import (
-    RESULTS,
+from harness import (
     TERMINAL,
-    PonderProc,
-    RedisProc,
-    api_argv,
-    cluster_logs,
-    code_version,
-    environment,
-    free_port,
-    load_note,
+    own_cluster,
+    parse_cluster_args,
     percentile,
-    ponder_env,
-    redis_version,
-    wait_ready,
-    worker_argv,
+    report_head,
     write_report,
 )
 
@@ -258,32 +248,16 @@ def ms(s: float) -> str:
 async def main(args: argparse.Namespace) -> int:
     rng = random.Random(args.seed)
     load_start = os.getloadavg()[0]
-    async with cluster_logs(args.keep_logs) as tmp:
-        redis_server = RedisProc(tmp / "redis", aof=False)
-        await redis_server.start()
-        port = free_port()
-        url = f"http://127.0.0.1:{port}"
+    async with own_cluster(PREFIX, args.keep_logs) as cluster:
+        url = cluster.url
         worker_settings = {
             "scripted_step_ms": args.step_ms,
             "batch_max_size": 8,
             "claim_block_ms": 500,
         }
-        api = PonderProc(
-            "api",
-            api_argv(port),
-            ponder_env(redis_server.url, PREFIX, node_id="api1", max_pending=args.max_pending),
-            tmp,
-        )
-        workers = [
-            PonderProc(
-                f"w{n}",
-                worker_argv(),
-                ponder_env(redis_server.url, PREFIX, node_id=f"w{n}", **worker_settings),
-                tmp,
-            )
-            for n in range(1, args.workers + 1)
-        ]
-        r = aioredis.Redis.from_url(redis_server.url, decode_responses=True)
+        api = cluster.api(max_pending=args.max_pending)
+        workers = [cluster.worker(f"w{n}", **worker_settings) for n in range(1, args.workers + 1)]
+        r = aioredis.Redis.from_url(cluster.redis.url, decode_responses=True)
         try:
             await api.start()
             await wait_up(url)
@@ -301,7 +275,7 @@ async def main(args: argparse.Namespace) -> int:
                     c, r, rng, args.max_pending, start_workers
                 )
                 await drain(r, warmup_ids, 120)
-                await wait_ready(url, args.workers)
+                await cluster.ready(args.workers)
                 rss = RssSeries({"api": psutil.Process(api.pid)})
                 rss.procs.update({w.name: psutil.Process(w.pid) for w in workers})
                 rate = capacity * args.load
@@ -318,13 +292,12 @@ async def main(args: argparse.Namespace) -> int:
             records = await count_task_records(r)
             queues = {p: await r.xlen(f"{PREFIX}:q:{p}") for p in range(6)}
             used_memory = (await r.info("memory"))["used_memory"]
-            version = await redis_version(redis_server.url)
+            version = await cluster.redis.version()
             load = (load_start, os.getloadavg()[0])
         finally:
-            codes = {w.name: await w.terminate() for w in workers}
-            codes["api"] = await api.terminate()
+            codes = {w.name: await w.stop(timeout_s=30) for w in workers}
+            codes["api"] = await api.stop(timeout_s=30)
             await r.aclose()
-            await redis_server.kill()
     report = render(
         args, capacity, rate, submits, phase_s, lag, final, drain_s, rss, rss_before,
         rss_after, records, len(warmup_ids), queues, used_memory, codes, version, load,
@@ -415,11 +388,13 @@ def render(
     lines = [
         "# Soak and overload",
         "",
-        f"`make soak` (`.venv/bin/python bench/soak.py`) at commit {args.commit}, "
-        f"seed {args.seed}. {environment()}, "
-        f"redis-server {redis_ver}.",
-        "",
-        load_note(*load),
+        report_head(
+            "`make soak` (`.venv/bin/python bench/soak.py`)",
+            args.commit,
+            f"seed {args.seed}",
+            redis_ver,
+            load,
+        ),
         "",
         f"Verdict: **{'PASS' if ok else 'FAIL'}**.",
         "",
@@ -526,12 +501,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument("--max-pending", type=int, default=500)
     p.add_argument("--drain-timeout-s", type=float, default=300.0)
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--out", default=str(RESULTS / "soak.md"))
-    p.add_argument("--keep-logs", action="store_true")
-    p.add_argument("--commit", default=None, help="the code version to name in the report")
-    args = p.parse_args(argv)
-    args.commit = args.commit or code_version()
-    return args
+    return parse_cluster_args(p, "soak.md", argv)
 
 
 if __name__ == "__main__":
