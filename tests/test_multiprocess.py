@@ -4,8 +4,6 @@
 from __future__ import annotations
 
 import asyncio
-import os
-import sys
 from collections import Counter
 from collections.abc import AsyncIterator
 
@@ -13,22 +11,14 @@ import httpx
 import psutil
 import pytest
 
-from tests.conftest import free_port, wait_for_task
+from tests.conftest import wait_for_task
+from tests.split import ponder_processes
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
 
 
-async def spawn(env: dict[str, str], *args: str) -> asyncio.subprocess.Process:
-    return await asyncio.create_subprocess_exec(
-        sys.executable, "-m", "ponder.cli", *args,
-        env={**os.environ, **env},
-        stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.PIPE,
-    )  # fmt: skip
-
-
 @pytest.fixture
 async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
-    port = free_port()
     base = {
         "PONDER_REDIS_URL": redis_url,
         "PONDER_KEY_PREFIX": key_prefix,
@@ -37,36 +27,11 @@ async def cluster(redis_url: str, key_prefix: str) -> AsyncIterator[str]:
         "PONDER_BATCH_MAX_WAIT_MS": "5",
         "PONDER_CLAIM_BLOCK_MS": "200",
     }
-    procs = [
-        await spawn(
-            {**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port), "--processes", "2"
-        ),
-        await spawn({**base, "PONDER_NODE_ID": "wA"}, "worker"),
-        await spawn({**base, "PONDER_NODE_ID": "wB"}, "worker"),
-    ]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url) as c, asyncio.timeout(30):
-            while True:
-                try:
-                    if (await c.get("/readyz")).status_code == 200:
-                        workers = (await c.get("/readyz")).json()["workers"]
-                        if workers == 2:
-                            break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
+    async with ponder_processes(base, ("wA", "wB"), ("--processes", "2")) as (url, procs):
         api = psutil.Process(procs[0].pid)
         servers = [c for c in api.children() if "spawn_main" in " ".join(c.cmdline())]
         assert len(servers) == 2, api.children()
         yield url
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.terminate()
-        for p in procs:
-            _, err = await asyncio.wait_for(p.communicate(), 30)
-            assert p.returncode in (0, -15), err.decode()[-2000:]
     # the API's supervisor stopped its processes before it exited
     assert not [s for s in servers if s.is_running() and s.status() != psutil.STATUS_ZOMBIE]
 

@@ -15,6 +15,7 @@ from websockets.exceptions import InvalidStatus
 
 from ponder.config import Settings
 from tests.conftest import LiveServer, wait_for_task
+from tests.split import ponder_processes
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -315,9 +316,6 @@ async def test_websocket_client_leaving_early_is_fine(
 @contextlib.asynccontextmanager
 async def split_service(redis_url: str, key_prefix: str, **env: str) -> AsyncIterator[str]:
     """`ponder api` and `ponder worker` as two processes over Redis; yields the API's URL."""
-    from tests.test_multiprocess import free_port, spawn
-
-    port = free_port()
     base = {
         "PONDER_REDIS_URL": redis_url,
         "PONDER_KEY_PREFIX": key_prefix,
@@ -326,28 +324,8 @@ async def split_service(redis_url: str, key_prefix: str, **env: str) -> AsyncIte
         "PONDER_CLAIM_BLOCK_MS": "200",
         **env,
     }
-    procs = [
-        await spawn({**base, "PONDER_NODE_ID": "api1"}, "api", "--port", str(port)),
-        await spawn({**base, "PONDER_NODE_ID": "w1"}, "worker"),
-    ]
-    url = f"http://127.0.0.1:{port}"
-    try:
-        async with httpx.AsyncClient(base_url=url) as c, asyncio.timeout(30):
-            while True:  # until both processes are up (no event to wait on across them)
-                try:
-                    if (await c.get("/readyz")).status_code == 200:
-                        break
-                except httpx.TransportError:
-                    pass
-                await asyncio.sleep(0.1)
+    async with ponder_processes(base) as (url, _):
         yield url
-    finally:
-        for p in procs:
-            if p.returncode is None:
-                p.terminate()
-        for p in procs:
-            _, err = await asyncio.wait_for(p.communicate(), 30)
-            assert p.returncode in (0, -15), err.decode()[-2000:]
 
 
 @pytest.mark.slow
