@@ -23,6 +23,8 @@ import uvicorn
 from ponder.config import Settings, load_settings
 
 if TYPE_CHECKING:
+    from fastapi import FastAPI
+
     from ponder.store import TaskStore
 
 REDIS_URL = os.environ.get("PONDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
@@ -154,13 +156,21 @@ async def start_uvicorn(server: uvicorn.Server) -> tuple[asyncio.Task[None], int
     return task, port
 
 
+def serving_app(settings: Settings, workers: int) -> FastAPI:
+    """What ``ponder serve`` serves (the API, starting ``workers`` worker loops over one
+    engine), or with no workers what ``ponder api`` serves."""
+    from ponder.api import create_app
+    from ponder.compose import all_in_one
+
+    return all_in_one(settings, workers=workers).app if workers else create_app(settings)
+
+
 class LiveServer:
-    """uvicorn serving ``create_app`` on 127.0.0.1 (a free port) inside the test's loop."""
+    """uvicorn serving the API (with ``workers`` worker loops, as ``ponder serve``, when
+    above 0) on 127.0.0.1 (a free port) inside the test's loop."""
 
     def __init__(self, settings: Settings, workers: int) -> None:
-        from ponder.api import create_app
-
-        self.app = create_app(settings, workers=workers)
+        self.app = serving_app(settings, workers)
         config = uvicorn.Config(
             self.app, host="127.0.0.1", port=0, log_level="warning", lifespan="on"
         )

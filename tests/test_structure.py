@@ -22,7 +22,7 @@ import ponder
 
 PACKAGE = Path(ponder.__file__).parent
 #: where ``ponder.api`` may be imported (paths relative to the package)
-MAY_IMPORT_API = ("api/", "cli.py", "client.py", "aio.py")
+MAY_IMPORT_API = ("api/", "cli.py", "compose.py", "client.py", "aio.py")
 _API = "ponder.api"
 _WEB = ("fastapi", "starlette")
 

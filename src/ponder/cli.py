@@ -144,7 +144,16 @@ def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
     if processes > 1:
         _serve_processes(listener, processes, f"http://{host}:{port}", log_level, grace)
         return
-    application = create_app(settings, workers=workers)
+    if workers:
+        from ponder.compose import all_in_one
+
+        try:
+            application = all_in_one(settings, workers=workers).app
+        except ConfigError as e:
+            err_console.print(f"[red]error:[/red] {e}")
+            raise typer.Exit(EXIT_USAGE) from None
+    else:
+        application = create_app(settings)
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:

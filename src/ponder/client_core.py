@@ -26,11 +26,11 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 import httpx
 from pydantic import ValidationError
 
-from ponder.version import __version__
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final
 from ponder.types import DEFAULT_MODE, EventName, Mode, Result, Sample, Task, TaskStatus, TaskType
+from ponder.version import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 #: the API error codes that are retried (and reconnected, on an event stream)

@@ -1,5 +1,7 @@
 """The worker side of a process: engine, worker loops (and, for the static baseline, the
-batcher), started and stopped together. Used by ``ponder worker`` and ``ponder serve``.
+batcher), started and stopped together. Used by ``ponder worker`` and ``ponder serve``
+(which hands it to the API as a :class:`~ponder.status.Service` to start and stop and as
+the :class:`~ponder.status.EngineStatus` that ``/readyz`` and the console report).
 
 With ``PONDER_BATCHING=continuous`` (the default) the workers hand each sample straight
 to the engine, which schedules rows per step. ``static`` puts the
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
@@ -65,6 +68,15 @@ class WorkerRuntime:
             self.engine.model_name,
             self.settings.batching,
         )
+
+    def engine_down(self) -> str | None:
+        return self.engine.health()
+
+    def engine_figures(self) -> dict[str, Any]:
+        return {"name": self.engine.name, "model": self.engine.model_name, **self.engine.describe()}
+
+    def tasks_running(self) -> int:
+        return sum(worker.in_flight for worker in self.workers)
 
     async def wait(self) -> None:
         """Until every worker loop has ended (after :meth:`stop` or a fatal error)."""

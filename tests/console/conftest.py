@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 from ponder.config import Settings
-from tests.conftest import ThreadedServer, make_settings
+from tests.conftest import ThreadedServer, make_settings, serving_app
 from tests.console.browser import chromium, console_log, missing
 
 if TYPE_CHECKING:
@@ -22,10 +22,8 @@ SLOW_STEPS = [25.0, 0.0]
 
 
 def app_service(settings: Settings, workers: int = 1) -> ThreadedServer:
-    """The service (``create_app``) in a thread: the tests block on the browser."""
-    from ponder.api import create_app
-
-    return ThreadedServer(create_app(settings, workers=workers), ws="auto")
+    """The service (as ``ponder serve``) in a thread: the tests block on the browser."""
+    return ThreadedServer(serving_app(settings, workers), ws="auto")
 
 
 @pytest.fixture(scope="session")

@@ -10,8 +10,9 @@ from typing import TYPE_CHECKING, Any
 import httpx
 import pytest
 
-from ponder.api import create_app
 from ponder.api.deps import key_digest
+from ponder.compose import all_in_one
+from ponder.engines.openvino import OpenVINOEngine
 from tests.conftest import ThreadedServer
 from tests.console.browser import DESKTOP, PHONE, console_log, set_viewport
 from tests.console.conftest import app_service, console_settings
@@ -239,11 +240,12 @@ def test_the_engine_panel_shows_a_dead_engine_process_until_it_restarts(
     settings = console_settings(tmp_path, engine="openvino", engine_threads=1)
     corrupt = tmp_path / "corrupt.gguf"
     corrupt.write_bytes(b"GGUF" + b"\0" * 4096)
-    app = create_app(settings, workers=1)
-    with ThreadedServer(app, ws="auto") as live:
+    service = all_in_one(settings, workers=1)
+    with ThreadedServer(service.app, ws="auto") as live:
         page.get(f"{live.url}/console")
         wait(page, lambda d: css(d, "#engine-process").get_attribute("data-state") == "live")
-        engine = app.state.runtime.engine
+        engine = service.runtime.engine
+        assert isinstance(engine, OpenVINOEngine)
         pid = engine.process_pid
         assert css(page, "#engine-process").text == f"process {pid} live · 0 restarts"
         model_path, engine._config["path"] = engine._config["path"], str(corrupt)

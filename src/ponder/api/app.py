@@ -3,17 +3,17 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import sys
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
 
 from fastapi import FastAPI
 from starlette.datastructures import State
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from ponder.version import __version__
 from ponder.aio import cancel_and_wait
 from ponder.api import (
     batches,
@@ -32,7 +32,10 @@ from ponder.api.limits import BodySizeLimit
 from ponder.config import Settings, load_settings
 from ponder.errors import ConfigError
 from ponder.ids import IdGenerator
+from ponder.status import EngineStatus, Service
 from ponder.store import create_store, start_store
+from ponder.store.base import TaskStore
+from ponder.version import __version__
 
 __all__ = ["StartupErrors", "create_app"]
 
@@ -64,39 +67,38 @@ class StartupErrors:
         await self.app(scope, receive, quiet)
 
 
-def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
-    """The HTTP API; with ``workers`` > 0 the process also runs that many worker loops
-    over one engine (the all-in-one ``ponder serve``); ``app.state.runtime`` holds it."""
+def create_app(
+    settings: Settings,
+    *,
+    store: TaskStore | None = None,
+    services: Sequence[Service] = (),
+    status: EngineStatus | None = None,
+) -> FastAPI:
+    """The HTTP API over ``store`` (by default the one the settings name).
+
+    The lifespan starts the store, then ``services`` in order (``ponder serve`` passes its
+    worker runtime), and stops them in reverse before the store closes. ``status``, where
+    this process runs an engine, is what ``/readyz`` and the console's overview report of
+    it (``app.state.engine_status``; None in an API-only process).
+    """
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        store = create_store(settings)
+        used = create_store(settings) if store is None else store
         app.state.ponder = AppState(
-            settings=settings, store=store, ids=IdGenerator(settings.node_id)
+            settings=settings, store=used, ids=IdGenerator(settings.node_id)
         )
-        runtime = None
-        if workers:
-            from ponder.runtime import WorkerRuntime  # the API-only process needs no engine
-
-            runtime = WorkerRuntime(settings, store, workers=workers)
-        app.state.runtime = runtime  # None in an API-only process
-        connecting: asyncio.Task[bool] | None = None
-        try:
+        async with contextlib.AsyncExitStack() as stack:  # undone in reverse, each step
+            stack.push_async_callback(used.close)
             # Serve at once even if the store is away: /healthz answers 200, /readyz and
             # the task routes 503 until it answers (worker loops wait for it themselves).
-            if not await start_store(store, attempts=1):
-                connecting = asyncio.create_task(start_store(store), name="store-start")
-            if runtime is not None:
-                await runtime.start()
+            if not await start_store(used, attempts=1):
+                connecting = asyncio.create_task(start_store(used), name="store-start")
+                stack.push_async_callback(cancel_and_wait, [connecting])
+            for service in services:
+                stack.push_async_callback(service.stop)  # also after a failed start
+                await service.start()
             yield
-        finally:
-            if connecting is not None:
-                await cancel_and_wait([connecting])
-            try:
-                if runtime is not None:
-                    await runtime.stop()
-            finally:  # also when the stop is cancelled (a server shut down by force)
-                await store.close()
 
     app = FastAPI(
         title="ponder",
@@ -107,6 +109,7 @@ def create_app(settings: Settings, *, workers: int = 0) -> FastAPI:
         # Prometheus', /metrics), and the per-request checks for one cost CPU on every call
         telemetry={"tracing": False, "metrics": False, "logs": False, "operation_spans": False},
     )
+    app.state.engine_status = status
     install_error_handlers(app)
     app.add_middleware(
         BodySizeLimit,

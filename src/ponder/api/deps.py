@@ -13,6 +13,7 @@ from ponder.api.errors import ApiError
 from ponder.config import Settings
 from ponder.ids import IdGenerator
 from ponder.ratelimit import RateLimiter, create_rate_limiter, retry_after_s
+from ponder.status import EngineStatus
 from ponder.store.base import TaskStore
 
 __all__ = [
@@ -21,6 +22,7 @@ __all__ = [
     "CallerInfo",
     "caller_info",
     "check_rate",
+    "engine_status",
     "get_owner",
     "get_state",
     "rate_limit",
@@ -42,6 +44,13 @@ class AppState:
 def get_state(request: Request) -> AppState:
     state: AppState = request.app.state.ponder
     return state
+
+
+def engine_status(request: Request) -> EngineStatus | None:
+    """This process's engine, where it runs one (``ponder serve``); None in an API-only
+    process."""
+    status: EngineStatus | None = request.app.state.engine_status
+    return status
 
 
 def key_digest(key: str) -> str:

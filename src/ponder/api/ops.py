@@ -2,18 +2,13 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ponder import metrics
-from ponder.api.deps import State
+from ponder.api.deps import State, engine_status
 from ponder.errors import RecoverableError
-
-if TYPE_CHECKING:
-    from ponder.runtime import WorkerRuntime
 
 __all__ = ["router"]
 
@@ -30,8 +25,8 @@ async def healthz() -> dict[str, str]:
 async def readyz(request: Request, state: State) -> JSONResponse:
     """200 when the store answers, at least one worker is alive and this process's engine
     (where it runs one: ``ponder serve``) can run rows, else 503 with the reason."""
-    runtime: WorkerRuntime | None = getattr(request.app.state, "runtime", None)
-    engine_down = runtime.engine.health() if runtime is not None else None
+    status = engine_status(request)
+    engine_down = status.engine_down() if status is not None else None
     store_ok = await state.store.ping()
     workers = 0
     if store_ok:
@@ -45,7 +40,7 @@ async def readyz(request: Request, state: State) -> JSONResponse:
         "store": store_ok,
         "workers": workers,
     }
-    if runtime is not None:
+    if status is not None:
         body["engine"] = "live" if engine_down is None else "down"
     if not ready:
         if not store_ok:

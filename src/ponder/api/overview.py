@@ -4,10 +4,10 @@ Two sources:
 
 - **the store** (every deployment): pending tasks by priority (the queue depth) and the
   live workers;
-- **this process's worker runtime** (the all-in-one ``ponder serve``): tasks running in
-  its workers, the engine's live state (``engine.describe()``: rows running, prefilling
-  and queued, counters), tokens/s, and tasks finished per status — since the process
-  started, and per minute over the last minutes.
+- **this process's engine status** (:class:`ponder.status.EngineStatus`, given by the
+  all-in-one ``ponder serve``): tasks running in its workers, the engine's live state
+  (rows running, prefilling and queued, counters), tokens/s, and tasks finished per
+  status — since the process started, and per minute over the last minutes.
 
 An API-only process (``ponder api``, the split deployment) has no engine: its overview
 has the store's figures and ``engine``, ``tasks_running``, ``tokens_per_s`` and
@@ -27,16 +27,14 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from fastapi import APIRouter, Depends, Request
 
 from ponder import metrics
-from ponder.api.deps import Owner, State, rate_limit
+from ponder.api.deps import Owner, State, engine_status, rate_limit
+from ponder.status import EngineStatus
 from ponder.types import TaskStatus
-
-if TYPE_CHECKING:
-    from ponder.runtime import WorkerRuntime
 
 __all__ = ["router"]
 
@@ -120,16 +118,15 @@ def _history(request: Request) -> _History:
     return history
 
 
-def _runtime_figures(runtime: WorkerRuntime, history: _History) -> dict[str, Any]:
-    engine = runtime.engine
-    described = engine.describe()
+def _engine_figures(status: EngineStatus, history: _History) -> dict[str, Any]:
+    engine = status.engine_figures()
     # continuous engines count tokens per step; others when each sample ends
-    tokens = described.get("tokens", _counter("ponder_completion_tokens_total"))
+    tokens = engine.get("tokens", _counter("ponder_completion_tokens_total"))
     finished = {s: _counter("ponder_tasks_finished_total", {"status": s}) for s in _FINISHED}
     history.add(_Snapshot(time.time(), float(tokens), finished))
     return {
-        "tasks_running": sum(worker.in_flight for worker in runtime.workers),
-        "engine": {"name": engine.name, "model": engine.model_name, **described},
+        "tasks_running": status.tasks_running(),
+        "engine": engine,
         "tokens_per_s": history.tokens_per_s(),
         "finished": {
             "total": {s: round(n) for s, n in finished.items()},
@@ -149,10 +146,10 @@ async def overview(
     """Queue depth per priority, live workers and — where this process runs workers — the
     tasks running, the engine's rows, tokens/s and tasks finished per status."""
     depths = await state.store.queue_depths()
-    runtime: WorkerRuntime | None = getattr(request.app.state, "runtime", None)
+    status = engine_status(request)
     body: dict[str, Any] = {
         "time": _iso(time.time()),
-        "role": "all-in-one" if runtime is not None else "api",
+        "role": "all-in-one" if status is not None else "api",
         "queue": {"pending": sum(depths.values()), "by_priority": depths},
         "workers": await state.store.live_workers(),
         "tasks_running": None,
@@ -161,8 +158,8 @@ async def overview(
         "finished": None,
         "note": None,
     }
-    if runtime is None:
+    if status is None:
         body["note"] = SPLIT_NOTE
     else:
-        body.update(_runtime_figures(runtime, _history(request)))
+        body.update(_engine_figures(status, _history(request)))
     return body

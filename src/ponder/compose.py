@@ -1,0 +1,31 @@
+"""``ponder serve``'s composition: one store, a worker runtime over it, and the HTTP API
+that starts and stops the runtime with itself and reports its engine. The API knows
+neither workers nor engines; this module is where the two meet."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from fastapi import FastAPI
+
+from ponder.api import create_app
+from ponder.config import Settings
+from ponder.runtime import WorkerRuntime
+from ponder.store import create_store
+
+__all__ = ["AllInOne", "all_in_one"]
+
+
+@dataclass(frozen=True)
+class AllInOne:
+    """The API application and the worker runtime it starts and stops."""
+
+    app: FastAPI
+    runtime: WorkerRuntime
+
+
+def all_in_one(settings: Settings, *, workers: int = 1) -> AllInOne:
+    """The API and ``workers`` worker loops over one engine, sharing one store."""
+    store = create_store(settings)
+    runtime = WorkerRuntime(settings, store, workers=workers)
+    return AllInOne(create_app(settings, store=store, services=[runtime], status=runtime), runtime)
