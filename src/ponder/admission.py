@@ -19,7 +19,7 @@ from ponder.errors import AdmissionError, IdempotencyConflict, QueueFull
 from ponder.ids import IdGenerator, parse_task_id
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
-from ponder.store.base import Admission, TaskStore
+from ponder.store.base import Admission, TaskRecords
 from ponder.types import CallbackInfo, EventName, SampleStatus, Task, TaskStatus, utcnow
 from ponder.webhooks import check_callback_url
 
@@ -33,8 +33,10 @@ class TaskSink(Protocol):
     state has these, and so has the batch feeder)."""
 
     settings: Settings
-    store: TaskStore
     ids: IdGenerator
+
+    @property
+    def store(self) -> TaskRecords: ...
 
 
 def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str) -> Task:
@@ -156,7 +158,7 @@ async def submit(
     return stored, created
 
 
-async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
+async def load_task(store: TaskRecords, task_id: str, owner: str) -> Task:
     """The caller's task, or 404 (unknown id, malformed id, or another key's task)."""
     task = await store.get_task(task_id) if parse_task_id(task_id) else None
     if task is None or task.owner != owner:
@@ -164,7 +166,7 @@ async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
     return task
 
 
-async def cancel_task(store: TaskStore, task_id: str, owner: str) -> Task:
+async def cancel_task(store: TaskRecords, task_id: str, owner: str) -> Task:
     """Cancel a pending or running task (idempotent for a cancelled one; 409 otherwise)."""
     for _ in range(_CAS_RETRIES):
         task = await load_task(store, task_id, owner)

@@ -2,7 +2,7 @@
 
 The engine hands each new piece of a running row's text to ``SampleRequest.on_text`` (on
 the event loop). A :class:`DeltaPublisher` — one per task run — buffers the pieces and
-appends them to the task's event log with :meth:`~ponder.store.base.TaskStore.append_events`
+appends them to the task's event log with :meth:`~ponder.store.base.EventLog.append_events`
 (the record is not rewritten; it is still saved at sample boundaries):
 
 - **Coalesced.** A flush writes one ``delta`` event per sample that has new text, all in one
@@ -46,7 +46,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ponder.errors import RecoverableError
-from ponder.store.base import TaskStore
+from ponder.store.base import EventLog
 from ponder.types import EventName
 
 __all__ = ["FOLLOW_RENEW_S", "FOLLOW_TTL_S", "DeltaPublisher"]
@@ -67,7 +67,7 @@ class DeltaPublisher:
     """
 
     def __init__(
-        self, store: TaskStore, task_id: str, interval_s: float, *, followed: bool = True
+        self, store: EventLog, task_id: str, interval_s: float, *, followed: bool = True
     ) -> None:
         self.store = store
         self.task_id = task_id

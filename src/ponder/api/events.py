@@ -30,12 +30,13 @@ import logging
 import math
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Protocol, cast
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
 from starlette.websockets import WebSocketState
 
+from ponder.aio import first_of
 from ponder.api.deps import AppState, Caller, check_rate, get_owner
 from ponder.api.errors import ApiError, error_response
 from ponder.api.schemas import ErrorBody
@@ -44,12 +45,13 @@ from ponder.api.tasks import load_task
 from ponder.deltas import FOLLOW_RENEW_S
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_final, is_terminal
-from ponder.store.base import Event, Notice, TaskStore
+from ponder.store.base import Event, EventLog, Notice, TaskRecords
 from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
 # that follow events
 __all__ = [
+    "TaskEvents",
     "follow_event_batches",
     "follow_events",
     "follow_text",
@@ -72,7 +74,11 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-async def follow_text(store: TaskStore, task_id: str) -> None:
+class TaskEvents(TaskRecords, EventLog, Protocol):
+    """The parts of the store that following a task reads: its record and its log."""
+
+
+async def follow_text(store: EventLog, task_id: str) -> None:
     """Tell the workers that a client follows the task's text: they write its ``delta``
     events (and stream it from a remote engine) from now on (:mod:`ponder.deltas`). A route
     that will stream a task it is about to create says so first, so that its first sample
@@ -81,7 +87,7 @@ async def follow_text(store: TaskStore, task_id: str) -> None:
 
 
 async def follow_events(
-    store: TaskStore, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
+    store: TaskEvents, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
 ) -> AsyncIterator[Event | None]:
     """The task's events after ``after``, oldest first, as they are written.
 
@@ -98,7 +104,7 @@ async def follow_events(
 
 
 async def follow_event_batches(
-    store: TaskStore, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
+    store: TaskEvents, task_id: str, after: str | None, *, idle_s: float, deltas: bool = True
 ) -> AsyncIterator[list[Event]]:
     """:func:`follow_events` a read at a time: the events of one read of the log (those
     written together come together), or ``[]`` for a keep-alive tick.
@@ -180,7 +186,7 @@ def _start_after(*candidates: str | None) -> str | None:
     return None
 
 
-async def _resume_after(store: TaskStore, task_id: str, after: str | None) -> str | None:
+async def _resume_after(store: EventLog, task_id: str, after: str | None) -> str | None:
     """The last event of the log at or before ``after`` (None: before the first).
 
     Resuming there is the same as resuming after ``after``, except for an id past the end
@@ -203,7 +209,7 @@ async def _resume_after(store: TaskStore, task_id: str, after: str | None) -> st
 
 
 async def _sse_stream(
-    store: TaskStore, task_id: str, after: str | None, idle_s: float, deltas: bool
+    store: TaskEvents, task_id: str, after: str | None, idle_s: float, deltas: bool
 ) -> AsyncIterator[bytes]:
     # one chunk (one socket write) per read of the log; the retry line goes with the first
     head = f"retry: {_SSE_RETRY_MS}\n\n".encode()
@@ -259,19 +265,21 @@ async def _deny(websocket: WebSocket, response: JSONResponse, status: int, messa
         await websocket.close(code=4000 + status, reason=message[:120])
 
 
-async def _until_disconnect(websocket: WebSocket) -> None:
-    """Read (and ignore) what the client sends until it goes away."""
+async def _until_disconnect(websocket: WebSocket) -> bool:
+    """Read (and ignore) what the client sends until it goes away; True (it left)."""
     while True:
         message = await websocket.receive()
         if message["type"] == "websocket.disconnect":
-            return
+            return True
 
 
-async def _ws_pump(websocket: WebSocket, store: TaskStore, task_id: str, after: str | None,
-                   idle_s: float, deltas: bool) -> None:  # fmt: skip
+async def _ws_pump(websocket: WebSocket, store: TaskEvents, task_id: str, after: str | None,
+                   idle_s: float, deltas: bool) -> bool:  # fmt: skip
+    """Send the task's events until the last; False (the client did not leave)."""
     async for event in follow_events(store, task_id, after, idle_s=idle_s, deltas=deltas):
         if event is not None:  # the protocol's own pings keep an idle connection alive
             await websocket.send_json({"event": event.event, "id": event.id, "data": event.data})
+    return False
 
 
 @router.websocket("/tasks/{task_id}/ws")
@@ -302,18 +310,12 @@ async def task_websocket(
         return
     await websocket.accept()
     idle_s = state.settings.events_keepalive_s
-    pump = asyncio.create_task(_ws_pump(websocket, state.store, task_id, after, idle_s, deltas))
-    watch = asyncio.create_task(_until_disconnect(websocket))
-    try:
-        await asyncio.wait({pump, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for job in (pump, watch):
-            job.cancel()
-        await asyncio.gather(pump, watch, return_exceptions=True)
-    if watch.done() and not watch.cancelled():
-        return  # the client left
     code = _WS_NORMAL
-    if not pump.cancelled() and (error := pump.exception()) is not None:
+    try:
+        pump = _ws_pump(websocket, state.store, task_id, after, idle_s, deltas)
+        if await first_of(_until_disconnect(websocket), pump):
+            return  # the client left
+    except Exception as error:
         log.warning("websocket events of task %s: %s", task_id, error)
         code = _WS_ERROR
     if websocket.application_state == WebSocketState.CONNECTED:

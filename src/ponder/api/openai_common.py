@@ -8,7 +8,6 @@ Used by ``openai_compat.py`` (chat completions), ``responses.py``, ``files.py`` 
 
 from __future__ import annotations
 
-import asyncio
 import functools
 import json
 import logging
@@ -19,12 +18,13 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ponder import admission
+from ponder.aio import first_of
 from ponder.api.deps import check_rate, get_owner, get_state
 from ponder.api.errors import ApiError
-from ponder.api.events import follow_events, is_final
+from ponder.api.events import TaskEvents, follow_events, is_final
 from ponder.errors import AdmissionError, RecoverableError
 from ponder.openai.common import OpenAIError
-from ponder.store.base import TaskStore
+from ponder.store.base import TaskRecords
 from ponder.types import Task
 
 __all__ = [
@@ -114,12 +114,16 @@ def query_int(request: Request, name: str, default: int, low: int, high: int) ->
     return value
 
 
-async def until_terminal(store: TaskStore, task_id: str, idle_s: float) -> Task | None:
-    """Follow the task's events until its terminal one; the task as it ended."""
+async def until_terminal(store: TaskEvents, task_id: str, idle_s: float) -> Task:
+    """Follow the task's events until its terminal one; the task as it ended (500 if it
+    is gone)."""
     async for event in follow_events(store, task_id, None, idle_s=idle_s, deltas=False):
         if event is not None and is_final(event):
             break
-    return await store.get_task(task_id)
+    final = await store.get_task(task_id)
+    if final is None:
+        raise OpenAIError(500, "internal", f"task {task_id} disappeared")
+    return final
 
 
 async def _until_disconnect(request: Request) -> None:
@@ -127,7 +131,7 @@ async def _until_disconnect(request: Request) -> None:
         pass
 
 
-async def abandon(store: TaskStore, task_id: str, owner: str) -> None:
+async def abandon(store: TaskRecords, task_id: str, owner: str) -> None:
     """The client left before its answer: cancel the task (best effort: a task that
     cannot be cancelled is logged and left to its own timeout)."""
     try:
@@ -139,22 +143,11 @@ async def abandon(store: TaskStore, task_id: str, owner: str) -> None:
 
 
 async def wait_unless_gone(
-    request: Request, store: TaskStore, task_id: str, owner: str, idle_s: float
+    request: Request, store: TaskEvents, task_id: str, owner: str, idle_s: float
 ) -> Task | None:
     """Wait for the task to end; if the client disconnects first, cancel the task
     (nobody else is waiting for it) and return None. A store error is raised."""
-    waiter = asyncio.create_task(until_terminal(store, task_id, idle_s))
-    watch = asyncio.create_task(_until_disconnect(request))
-    try:
-        await asyncio.wait({waiter, watch}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        for job in (waiter, watch):
-            job.cancel()
-        await asyncio.gather(waiter, watch, return_exceptions=True)
-    if not waiter.done() or waiter.cancelled():
-        await abandon(store, task_id, owner)
-        return None
-    final = waiter.result()
+    final = await first_of(until_terminal(store, task_id, idle_s), _until_disconnect(request))
     if final is None:
-        raise OpenAIError(500, "internal", f"task {task_id} disappeared")
+        await abandon(store, task_id, owner)
     return final

@@ -53,7 +53,7 @@ from ponder.ids import parse_task_id, sort_key
 from ponder.openai.common import OpenAIError, check_webhook_url, list_body, submit
 from ponder.openai.responses import KIND, ResponseEvents, parse_response_body, response_object
 from ponder.states import is_terminal
-from ponder.store.base import Event, StoredObject, TaskStore
+from ponder.store.base import Event, StoredObject, TaskRecords
 from ponder.types import EventName, Task
 
 __all__ = ["router"]
@@ -101,7 +101,7 @@ async def _stream(
                 await abandon(store, task.id, owner)
 
 
-async def _ended_task(store: TaskStore, event: Event, task_id: str) -> Task:
+async def _ended_task(store: TaskRecords, event: Event, task_id: str) -> Task:
     """The task as it ended: the ``result`` event carries it; a cancel does not."""
     if event.event == EventName.result:
         return Task.model_validate(event.data)
@@ -200,7 +200,7 @@ async def cancel_response(response_id: str, request: Request) -> Response:
     return JSONResponse(response_object(obj.data, task))
 
 
-async def _cancel(store: TaskStore, task_id: str, owner: str) -> Task:
+async def _cancel(store: TaskRecords, task_id: str, owner: str) -> Task:
     """Cancel the task; one that ended meanwhile is returned as it ended."""
     try:
         return await admission.cancel_task(store, task_id, owner)

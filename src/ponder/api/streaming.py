@@ -11,13 +11,12 @@ whichever comes first; the other is then cancelled and awaited (a body's clean-u
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ponder.aio import cancel_and_wait
+from ponder.aio import first_of
 
 __all__ = ["StreamResponse", "event_stream"]
 
@@ -33,17 +32,11 @@ class StreamResponse(StreamingResponse):
         if scope["type"] != "http":
             await super().__call__(scope, receive, send)
             return
-        body = asyncio.create_task(self.stream_response(send))
-        gone = asyncio.create_task(self.listen_for_disconnect(receive))
-        try:
-            await asyncio.wait((body, gone), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            # a stream's ``finally`` may cancel the task of a client that left: a store
-            # call, which a second cancel would cut short
-            await cancel_and_wait((body, gone), grace_s=_CLEANUP_S)
-        error = None if body.cancelled() else body.exception()
-        if error is not None:
-            raise error
+        # the body's error is raised; a stream's ``finally`` may cancel the task of a
+        # client that left: a store call, which a second cancel would cut short
+        await first_of(
+            self.stream_response(send), self.listen_for_disconnect(receive), grace_s=_CLEANUP_S
+        )
         if self.background is not None:
             await self.background()
 

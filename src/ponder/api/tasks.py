@@ -23,7 +23,7 @@ from ponder.api.errors import ApiError
 from ponder.api.schemas import ErrorBody, TaskList
 from ponder.errors import AdmissionError
 from ponder.schemas import TaskCreate
-from ponder.store.base import TaskStore
+from ponder.store.base import TaskRecords
 from ponder.types import Task, TaskStatus
 
 __all__ = ["MAX_INT_DIGITS", "StrictJSONRoute", "load_task", "router"]
@@ -108,7 +108,7 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 _TASK: dict[int | str, dict[str, Any]] = {200: {"model": Task, "description": "the Task"}}
 
 
-async def load_task(store: TaskStore, task_id: str, owner: str) -> Task:
+async def load_task(store: TaskRecords, task_id: str, owner: str) -> Task:
     """The caller's task (:func:`ponder.admission.load_task`), its 404 as an
     :class:`ApiError` (for the WebSocket route, which answers without the handlers)."""
     try:

@@ -41,7 +41,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ponder.config import Settings
 from ponder.errors import RecoverableError
@@ -64,10 +64,10 @@ from ponder.openai.responses import parse_response_body, response_object
 from ponder.openai.webhooks import BATCH_EVENTS, RESPONSE_EVENTS, enqueue_event
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
-from ponder.store.base import StoredObject, TaskStore
+from ponder.store.base import Liveness, ObjectStore, Outbox, StoredObject, TaskRecords
 from ponder.types import Task, TaskStatus
 
-__all__ = ["LEASE", "BatchFeeder"]
+__all__ = ["LEASE", "BatchFeeder", "FeederStore"]
 
 log = logging.getLogger("ponder.batches")
 
@@ -79,12 +79,17 @@ _SWEEP_EVERY_S = 3600.0
 _Render = Callable[[Task], tuple[int, Any]]
 
 
+class FeederStore(TaskRecords, ObjectStore, Outbox, Liveness, Protocol):
+    """The parts of the store the feeder uses: the lines' tasks, the batches and their
+    parts, the webhook outbox and its lease."""
+
+
 @dataclass
 class _Sink:
     """Where the feeder submits lines (a :class:`~ponder.admission.TaskSink`)."""
 
     settings: Settings
-    store: TaskStore
+    store: TaskRecords
     ids: IdGenerator
 
 
@@ -95,7 +100,7 @@ class BatchFeeder:
     the current tick and gives the lease up.
     """
 
-    def __init__(self, store: TaskStore, settings: Settings, *, holder: str) -> None:
+    def __init__(self, store: FeederStore, settings: Settings, *, holder: str) -> None:
         self.store = store
         self.settings = settings
         self.holder = holder

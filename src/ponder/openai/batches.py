@@ -23,7 +23,7 @@ from ponder import admission
 from ponder.errors import AdmissionError
 from ponder.openai.common import OpenAIError, check_metadata, invalid
 from ponder.states import is_terminal
-from ponder.store.base import StoredObject, TaskStore
+from ponder.store.base import StoredObject, TaskRecords
 from ponder.types import Task, TaskStatus
 
 __all__ = [
@@ -257,7 +257,7 @@ NOT_RUN = {
 
 
 async def cancel_lines(
-    store: TaskStore, tasks: Iterable[Task | None], owner: str, *, running: bool
+    store: TaskRecords, tasks: Iterable[Task | None], owner: str, *, running: bool
 ) -> None:
     """Cancel a batch's queued line tasks, and its running ones with ``running`` (on
     expiry); a line that ended meanwhile is left as it ended."""

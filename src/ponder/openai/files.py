@@ -20,7 +20,7 @@ from typing import Any
 
 from ponder.config import Settings
 from ponder.ids import sort_key
-from ponder.store.base import StoredObject, TaskStore
+from ponder.store.base import ObjectStore, StoredObject
 
 __all__ = ["KIND", "FileStore", "file_id_of"]
 
@@ -37,7 +37,7 @@ class FileStore:
     """Create, read and delete files (records in the store; contents in the store or in
     the configured directory)."""
 
-    def __init__(self, store: TaskStore, settings: Settings) -> None:
+    def __init__(self, store: ObjectStore, settings: Settings) -> None:
         self.store = store
         self.ttl_s = settings.files_ttl_s
         self.dir = Path(settings.files_dir).expanduser() if settings.files_dir else None

@@ -25,7 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
-from ponder.store.base import TaskStore
+from ponder.store.base import Outbox
 from ponder.store.deliveries import OutboxEntry
 from ponder.types import TaskStatus
 
@@ -48,7 +48,7 @@ BATCH_EVENTS = {
 }
 
 
-async def enqueue_event(store: TaskStore, *, url: str, event_type: str, object_id: str) -> None:
+async def enqueue_event(store: Outbox, *, url: str, event_type: str, object_id: str) -> None:
     """Hand the event ``event_type`` of ``object_id`` to delivery to ``url`` (once: an
     event already handed over is not made again)."""
     event_id = f"evt_{object_id}_{event_type.replace('.', '_')}"
