@@ -127,29 +127,15 @@ class DynamicBatcher:
         adaptive: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        _check_int("max_batch_size", max_batch_size, minimum=1)
-        if not isinstance(max_wait_ms, int | float) or not 0 <= max_wait_ms < math.inf:
-            raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
-        _check_int("max_buffer", max_buffer, minimum=1)
-        if max_buffer < max_batch_size:
-            raise ValueError(
-                f"max_buffer ({max_buffer}) must be at least max_batch_size "
-                f"({max_batch_size}), or no batch could ever fill"
-            )
-        _check_int("max_concurrent_batches", max_concurrent_batches, minimum=1)
-        edges = list(bucket_edges)
-        for edge in edges:
-            _check_int("each bucket edge", edge, minimum=1)
-        if any(b <= a for a, b in itertools.pairwise(edges)):
-            raise ValueError(f"bucket_edges must be strictly increasing, got {edges}")
-        quotas = list(priority_quotas)
-        if len(quotas) != NUM_PRIORITIES:
-            raise ValueError(
-                f"priority_quotas needs one quota per priority 0..{NUM_PRIORITIES - 1} "
-                f"({NUM_PRIORITIES} values), got {len(quotas)}: {quotas}"
-            )
-        if not callable(clock):
-            raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+        edges, quotas = _check_arguments(
+            max_batch_size,
+            max_wait_ms,
+            max_buffer,
+            max_concurrent_batches,
+            bucket_edges,
+            priority_quotas,
+            clock,
+        )
 
         self.engine = engine
         self.max_batch_size = max_batch_size
@@ -563,6 +549,43 @@ def _wrap(engine: BaseEngine, error: Exception) -> EngineError:
     wrapped = EngineError(f"engine {engine.name!r} raised {type(error).__name__}: {error}")
     wrapped.__cause__ = error
     return wrapped
+
+
+def _check_arguments(
+    max_batch_size: int,
+    max_wait_ms: float,
+    max_buffer: int,
+    max_concurrent_batches: int,
+    bucket_edges: Sequence[int],
+    priority_quotas: Sequence[int],
+    clock: Callable[[], float],
+) -> tuple[list[int], list[int]]:
+    """ValueError for the first of :class:`DynamicBatcher`'s arguments out of range;
+    else its bucket edges and priority quotas as lists."""
+    _check_int("max_batch_size", max_batch_size, minimum=1)
+    if not isinstance(max_wait_ms, int | float) or not 0 <= max_wait_ms < math.inf:
+        raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
+    _check_int("max_buffer", max_buffer, minimum=1)
+    if max_buffer < max_batch_size:
+        raise ValueError(
+            f"max_buffer ({max_buffer}) must be at least max_batch_size "
+            f"({max_batch_size}), or no batch could ever fill"
+        )
+    _check_int("max_concurrent_batches", max_concurrent_batches, minimum=1)
+    edges = list(bucket_edges)
+    for edge in edges:
+        _check_int("each bucket edge", edge, minimum=1)
+    if any(b <= a for a, b in itertools.pairwise(edges)):
+        raise ValueError(f"bucket_edges must be strictly increasing, got {edges}")
+    quotas = list(priority_quotas)
+    if len(quotas) != NUM_PRIORITIES:
+        raise ValueError(
+            f"priority_quotas needs one quota per priority 0..{NUM_PRIORITIES - 1} "
+            f"({NUM_PRIORITIES} values), got {len(quotas)}: {quotas}"
+        )
+    if not callable(clock):
+        raise ValueError(f"clock must be a callable returning seconds, got {clock!r}")
+    return edges, quotas
 
 
 def _check_int(name: str, value: object, *, minimum: int) -> None:
