@@ -150,6 +150,29 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
             f" (supported: 'gpt2' with {', '.join(map(repr, _SPLITS))})"
         )
     tokens: list[str] = meta["tokenizer.ggml.tokens"]
+    tokenizer = _byte_level_bpe(meta, tokens, _SPLITS[pre])
+    config: dict[str, Any] = {
+        name: tokens[meta[key]] for name, key in _SPECIAL.items() if key in meta
+    }
+    # as transformers' post-processor: what add_special_tokens=True adds around the text
+    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token")) and "bos_token" in config
+    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token")) and "eos_token" in config
+    tokenizer.post_processor = _post_processor(meta, config, add_bos=add_bos, add_eos=add_eos)
+    config.update(
+        tokenizer_class="PreTrainedTokenizerFast",
+        add_bos_token=add_bos,
+        add_eos_token=add_eos,
+        chat_template=meta.get("tokenizer.chat_template"),
+    )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    tokenizer.save(str(out_dir / "tokenizer.json"))
+    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
+
+
+def _byte_level_bpe(meta: dict[str, Any], tokens: list[str], split: str | None) -> Tokenizer:
+    """The byte-level BPE tokenizer of the metadata's vocabulary (``tokens``) and merges:
+    ``split`` (a regex; None: GPT-2's) before the byte-level pre-tokenizer, its control
+    tokens special and its user-defined ones matched whole; no post-processor yet."""
     types: list[int] = meta.get("tokenizer.ggml.token_type") or [0] * len(tokens)
     # tokens are spelled in the byte-level alphabet; as transformers, any other (a control
     # token mislabelled by llama.cpp) is respelled from its UTF-8 bytes and not made special
@@ -169,7 +192,6 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
             fuse_unk=False,
         )
     )
-    split = _SPLITS[pre]
     tokenizer.pre_tokenizer = (
         pre_tokenizers.ByteLevel(add_prefix_space=False)
         if split is None
@@ -196,18 +218,20 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
             if type_ == _USER_DEFINED
         ]
     )
-    config: dict[str, Any] = {
-        name: tokens[meta[key]] for name, key in _SPECIAL.items() if key in meta
-    }
-    # as transformers' post-processor: what add_special_tokens=True adds around the text
-    add_bos = bool(meta.get("tokenizer.ggml.add_bos_token")) and "bos_token" in config
-    add_eos = bool(meta.get("tokenizer.ggml.add_eos_token")) and "eos_token" in config
+    return tokenizer
+
+
+def _post_processor(
+    meta: dict[str, Any], config: dict[str, Any], *, add_bos: bool, add_eos: bool
+) -> processors.TemplateProcessing:
+    """What ``add_special_tokens=True`` adds around a text (and a pair of texts): the
+    BOS and EOS tokens of ``config`` where ``add_bos`` and ``add_eos`` say so."""
 
     def sequence(name: str, type_id: int) -> str:
         bos, eos = config.get("bos_token"), config.get("eos_token")
         return f"{bos}:{type_id} " * add_bos + f"${name}:{type_id}" + f" {eos}:{type_id}" * add_eos
 
-    tokenizer.post_processor = processors.TemplateProcessing(
+    return processors.TemplateProcessing(
         single=sequence("A", 0),
         pair=f"{sequence('A', 0)} {sequence('B', 1)}",
         special_tokens=[
@@ -216,15 +240,6 @@ def write_tokenizer(gguf_path: Path, out_dir: Path) -> None:
             if added
         ],
     )
-    config.update(
-        tokenizer_class="PreTrainedTokenizerFast",
-        add_bos_token=add_bos,
-        add_eos_token=add_eos,
-        chat_template=meta.get("tokenizer.chat_template"),
-    )
-    out_dir.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(out_dir / "tokenizer.json"))
-    (out_dir / "tokenizer_config.json").write_text(json.dumps(config, ensure_ascii=False, indent=2))
 
 
 def eos_ids(gguf_path: Path) -> frozenset[int]:
