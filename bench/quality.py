@@ -39,13 +39,14 @@ import shlex
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from harness import RESULTS, ROOT, load_avg
 from ponder.enhance.answers import answer_type
 from ponder.enhance.calibration import (
     Calibration,
@@ -57,15 +58,12 @@ from ponder.enhance.strategy import Strategy
 from quality_collect import (
     DATASETS,
     DEEP_SAMPLES,
-    RESULTS,
-    ROOT,
     SEED,
     TASK_TIMEOUT_S,
     Scorer,
     append_record,
     collect,
     default_checkpoint,
-    load_avg,
     read_records,
     revision,
     running_service,
@@ -370,6 +368,19 @@ def peer_outcomes(rep: ModelReport, scorer: Scorer) -> list[Outcome]:
     return out
 
 
+def in_half(reports: Sequence[ModelReport], half: int) -> Iterator[tuple[Replayer, dict[str, Any]]]:
+    """Each model's replayer with each of its records in ``half`` (0: fit, 1: held out)."""
+    for rep in reports:
+        for x in rep.records:
+            if half_of(x["key"]) == half:
+                yield rep.replayer, x
+
+
+def modes_lists() -> dict[str, list[Any]]:
+    """An empty list per mode, in the order the reports list them."""
+    return {"fast": [], "standard": [], "deep": [], "auto": []}
+
+
 def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[str, Any]]:
     """Fit the sample model, choose the vote weights, fit the result models — all on
     the fit half (half 0) of every model's problems."""
@@ -384,42 +395,27 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
     grid: dict[str, int] = {}
     for weight in GREEDY_WEIGHTS:
         for power in CONFIDENCE_POWERS:
-            correct = 0
-            for rep in reports:
-                fit = [x for x in rep.records if half_of(x["key"]) == 0]
-                correct += sum(
-                    rep.replayer.run(
-                        x, "standard", list(range(n)), tweak=tweak_vote(weight, power)
-                    ).correct
-                    for x in fit
-                    for n in (3, 5, 8)
-                )
-            grid[f"{weight}/{power}"] = correct
-    results: dict[str, list[tuple[dict[str, float], bool, str]]] = {
-        "fast": [],
-        "standard": [],
-        "deep": [],
-        "auto": [],
-    }
-    for rep in reports:
-        r = rep.replayer
-        for x in rep.records:
-            if half_of(x["key"]) != 0:
-                continue
-            for i in range(9):
-                o = r.fast(x, i)
-                results["fast"].append((o.features, o.correct, x["key"]))
-            for n in range(2, 10):
-                for es in (False, True):
-                    o = r.run(x, "standard", list(range(n)), early_stop=es)
-                    results["standard"].append((o.features, o.correct, x["key"]))
-            for n in (3, 5):
-                for es in (False, True):
-                    o = r.run(x, "deep", list(range(n)), early_stop=es)
-                    results["deep"].append((o.features, o.correct, x["key"]))
-            for target in AUTO_TARGETS:
-                o = r.auto(x, target)
-                results["auto"].append((o.features, o.correct, x["key"]))
+            grid[f"{weight}/{power}"] = sum(
+                r.run(x, "standard", list(range(n)), tweak=tweak_vote(weight, power)).correct
+                for r, x in in_half(reports, 0)
+                for n in (3, 5, 8)
+            )
+    results: dict[str, list[tuple[dict[str, float], bool, str]]] = modes_lists()
+    for r, x in in_half(reports, 0):
+        for i in range(9):
+            o = r.fast(x, i)
+            results["fast"].append((o.features, o.correct, x["key"]))
+        for n in range(2, 10):
+            for es in (False, True):
+                o = r.run(x, "standard", list(range(n)), early_stop=es)
+                results["standard"].append((o.features, o.correct, x["key"]))
+        for n in (3, 5):
+            for es in (False, True):
+                o = r.run(x, "deep", list(range(n)), early_stop=es)
+                results["deep"].append((o.features, o.correct, x["key"]))
+        for target in AUTO_TARGETS:
+            o = r.auto(x, target)
+            results["auto"].append((o.features, o.correct, x["key"]))
     names = {
         "fast": ("mean_logprob", "signals", "sample_confidence"),
         "standard": RESULT_FEATURES,
@@ -434,9 +430,7 @@ def fit_calibration(reports: Sequence[ModelReport]) -> tuple[Calibration, dict[s
         "fitted": True,
         "date": dt.datetime.now(dt.UTC).strftime("%Y-%m-%d"),
         "models": [rep.model for rep in reports],
-        "problems_fit_half": sum(
-            1 for rep in reports for x in rep.records if half_of(x["key"]) == 0
-        ),
+        "problems_fit_half": sum(1 for _ in in_half(reports, 0)),
         "rows": {"sample": len(rows), **{m: len(v) for m, v in results.items()}},
         "sample_model": {"l2": sample_l2},
         "result_models": choices,
@@ -541,13 +535,10 @@ def fit_targets(
     stop rule, correct without it, mean samples) — the mode's default target is chosen
     from this table."""
     out: dict[float, tuple[int, int, float]] = {}
-    fit = [(rep, x) for rep in reports for x in rep.records if half_of(x["key"]) == 0]
-    full = sum(rep.replayer.run(x, mode, list(range(n))).correct for rep, x in fit)
+    fit = list(in_half(reports, 0))
+    full = sum(r.run(x, mode, list(range(n))).correct for r, x in fit)
     for target in TARGETS:
-        runs = [
-            rep.replayer.run(x, mode, list(range(n)), early_stop=True, target=target)
-            for rep, x in fit
-        ]
+        runs = [r.run(x, mode, list(range(n)), early_stop=True, target=target) for r, x in fit]
         out[target] = (
             sum(o.correct for o in runs),
             full,
@@ -560,26 +551,17 @@ def held_out_pairs(reports: Sequence[ModelReport]) -> dict[str, list[tuple[float
     """(stated confidence, correct) per mode on the held-out half: fast = the greedy and
     one sampled answer alone; standard = N=3, and N=5 and N=8 with the stop rule; deep =
     N=5 with the stop rule; auto = its default target."""
-    pairs: dict[str, list[tuple[float, bool]]] = {
-        "fast": [],
-        "standard": [],
-        "deep": [],
-        "auto": [],
-    }
-    for rep in reports:
-        r = rep.replayer
-        for x in rep.records:
-            if half_of(x["key"]) != 1:
-                continue
-            for o in (r.fast(x, 0), r.fast(x, 1)):
-                pairs["fast"].append((o.confidence or 0.0, o.correct))
-            for n, es in ((3, False), (5, True), (8, True)):
-                o = r.run(x, "standard", list(range(n)), early_stop=es)
-                pairs["standard"].append((o.confidence or 0.0, o.correct))
-            o = r.run(x, "deep", list(range(5)), early_stop=True)
-            pairs["deep"].append((o.confidence or 0.0, o.correct))
-            o = r.auto(x, AUTO_DEFAULT)
-            pairs["auto"].append((o.confidence or 0.0, o.correct))
+    pairs: dict[str, list[tuple[float, bool]]] = modes_lists()
+    for r, x in in_half(reports, 1):
+        for o in (r.fast(x, 0), r.fast(x, 1)):
+            pairs["fast"].append((o.confidence or 0.0, o.correct))
+        for n, es in ((3, False), (5, True), (8, True)):
+            o = r.run(x, "standard", list(range(n)), early_stop=es)
+            pairs["standard"].append((o.confidence or 0.0, o.correct))
+        o = r.run(x, "deep", list(range(5)), early_stop=True)
+        pairs["deep"].append((o.confidence or 0.0, o.correct))
+        o = r.auto(x, AUTO_DEFAULT)
+        pairs["auto"].append((o.confidence or 0.0, o.correct))
     return pairs
 
 
