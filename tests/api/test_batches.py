@@ -17,6 +17,7 @@ from openai import AsyncOpenAI
 
 from ponder.config import Settings
 from ponder.store import create_store
+from tests.api.sdk import retrieve_until
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.timeout(90)
@@ -74,12 +75,7 @@ async def upload(sdk: AsyncOpenAI, lines: list[dict[str, Any]]) -> str:
 async def until(sdk: AsyncOpenAI, batch_id: str, statuses: tuple[str, ...] = ENDED,
                 timeout_s: float = 60) -> Any:  # fmt: skip
     """What a Batch API client does: retrieve until the batch reaches one of ``statuses``."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            batch = await sdk.batches.retrieve(batch_id)
-            if batch.status in statuses:
-                return batch
-            await asyncio.sleep(0.05)
+    return await retrieve_until(sdk.batches.retrieve, batch_id, statuses, timeout_s, 0.05)
 
 
 async def until_completed(sdk: AsyncOpenAI, batch_id: str, count: int) -> None:

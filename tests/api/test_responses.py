@@ -15,6 +15,7 @@ from openai import AsyncOpenAI
 
 from ponder import admission, aio
 from ponder.config import Settings
+from tests.api.sdk import retrieve_until
 from tests.api.test_events import read_stream
 from tests.conftest import LiveServer
 
@@ -36,12 +37,7 @@ def ponder_of(obj: Any) -> dict[str, Any]:
 
 async def poll(sdk: AsyncOpenAI, response_id: str, timeout_s: float = 20) -> Any:
     """What a client of background mode does: retrieve until the status is final."""
-    async with asyncio.timeout(timeout_s):
-        while True:
-            response = await sdk.responses.retrieve(response_id)
-            if response.status in FINAL:
-                return response
-            await asyncio.sleep(0.02)
+    return await retrieve_until(sdk.responses.retrieve, response_id, FINAL, timeout_s, 0.02)
 
 
 async def test_background_response_is_polled_to_its_fused_answer(
@@ -203,28 +199,28 @@ async def test_a_stream_cut_midway_resumes_with_starting_after(
     assert task["status"] == "done"
 
 
+async def stream_and_leave(client: httpx.AsyncClient, body: dict[str, Any]) -> None:
+    """POST a streamed response and leave once its first event (response.created) came."""
+    async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
+        async for line in r.aiter_lines():
+            if line.startswith("data:"):
+                break
+
+
 async def test_a_foreground_client_that_leaves_cancels_its_response(
     client: httpx.AsyncClient,
 ) -> None:
     body = {"model": "ponder", "input": "[[hang]]"}
     with pytest.raises(httpx.ReadTimeout):
         await client.post("/v1/responses", json=body, timeout=httpx.Timeout(5, read=0.5))
-    async with client.stream("POST", "/v1/responses", json={**body, "stream": True}) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                break  # response.created came: leave
+    await stream_and_leave(client, body)
     tasks = (await client.get("/v1/tasks")).json()["data"]
     assert len(tasks) == 2
     for task in tasks:
         events = await read_stream(client, task["id"])  # ends when the task does
         assert events[-1][1:] == ("status", {"status": "cancelled"})
     # a background stream left midway does not cancel its response
-    async with client.stream(
-        "POST", "/v1/responses", json={**body, "stream": True, "background": True}
-    ) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                break
+    await stream_and_leave(client, {**body, "background": True})
     (latest, *_) = (await client.get("/v1/tasks")).json()["data"]
     await asyncio.sleep(0.3)
     assert (await client.get(f"/v1/tasks/{latest['id']}")).json()["status"] == "running"
@@ -246,11 +242,7 @@ async def test_a_stream_left_midway_cancels_its_task_even_when_the_cancel_is_slo
 
     monkeypatch.setattr(admission, "cancel_task", held_cancel)
     monkeypatch.setattr(aio, "_RECANCEL_S", 0.0)
-    body = {"model": "ponder", "input": "[[hang]]", "stream": True}
-    async with client.stream("POST", "/v1/responses", json=body) as r:
-        async for line in r.aiter_lines():
-            if line.startswith("data:"):
-                break  # response.created came: leave
+    await stream_and_leave(client, {"model": "ponder", "input": "[[hang]]"})
     await asyncio.wait_for(started.wait(), 10)
     released.set()
     (task, *_) = (await client.get("/v1/tasks")).json()["data"]

@@ -18,6 +18,15 @@ def req(prompt: str, index: int = 0, **kwargs: object) -> SampleRequest:
     return SampleRequest(prompt=prompt, sample_index=index, **kwargs)  # type: ignore[arg-type]
 
 
+async def in_engine(engine: ScriptedEngine, row: SampleRequest) -> asyncio.Task[SampleOutput]:
+    """Submit ``row``; return its submit once the row's first text came (it holds a slot)."""
+    running = asyncio.Event()
+    row.on_text = lambda _: running.set()
+    submitted = asyncio.create_task(engine.submit(row))
+    await asyncio.wait_for(running.wait(), 5)
+    return submitted
+
+
 @pytest.fixture
 async def engine() -> AsyncIterator[ScriptedEngine]:
     e = ScriptedEngine()
@@ -154,10 +163,7 @@ async def test_sleep_ms_delays_only_its_own_row() -> None:
 async def test_a_short_row_beside_a_long_one_ends_first() -> None:
     engine = ScriptedEngine(step_ms=(2, 0))
     try:
-        running = asyncio.Event()
-        first = req("[[tokens: 400]]", max_new_tokens=1000, on_text=lambda _: running.set())
-        long = asyncio.create_task(engine.submit(first))
-        await asyncio.wait_for(running.wait(), 5)
+        long = await in_engine(engine, req("[[tokens: 400]]", max_new_tokens=1000))
         short = asyncio.create_task(engine.submit(req("[[tokens: 4]]")))
         done, _ = await asyncio.wait({long, short}, return_when=asyncio.FIRST_COMPLETED)
         assert done == {short}
@@ -170,10 +176,8 @@ async def test_a_short_row_beside_a_long_one_ends_first() -> None:
 async def test_a_cancelled_row_frees_its_slot_within_one_step() -> None:
     engine = ScriptedEngine(step_ms=(5, 0), max_rows=1)
     try:
-        started = asyncio.Event()
-        first = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: started.set())
-        running = asyncio.create_task(engine.submit(first))
-        await asyncio.wait_for(started.wait(), 5)
+        first = req("[[tokens: 10000]]", max_new_tokens=10000)
+        running = await in_engine(engine, first)
         waiting = asyncio.create_task(engine.submit(req("[[tokens: 1]]")))
         await asyncio.sleep(0.05)
         assert not waiting.done()  # no slot
@@ -195,10 +199,8 @@ async def test_a_priority_0_flood_does_not_starve_priority_5() -> None:
         order.append(priority)
 
     try:
-        started = asyncio.Event()
-        blocker = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: started.set())
-        blocking = asyncio.create_task(engine.submit(blocker))
-        await asyncio.wait_for(started.wait(), 5)
+        blocker = req("[[tokens: 10000]]", max_new_tokens=10000)
+        blocking = await in_engine(engine, blocker)
         jobs = [asyncio.create_task(one(0)) for _ in range(60)]
         jobs += [asyncio.create_task(one(5)) for _ in range(5)]
         await asyncio.wait_for(asyncio.gather(*jobs), 20)
@@ -212,12 +214,10 @@ async def test_a_priority_0_flood_does_not_starve_priority_5() -> None:
 
 async def test_the_admission_queue_is_bounded() -> None:
     engine = ScriptedEngine(step_ms=(2, 0), max_rows=1, max_queue=2)
-    running = asyncio.Event()
-    first = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: running.set())
+    first = req("[[tokens: 10000]]", max_new_tokens=10000)
     rows = [first] + [req("[[hang]]") for _ in range(3)]
     try:
-        tasks = [asyncio.create_task(engine.submit(first))]
-        await asyncio.wait_for(running.wait(), 5)  # the one slot is taken
+        tasks = [await in_engine(engine, first)]  # the one slot is taken
         tasks += [asyncio.create_task(engine.submit(r)) for r in rows[1:3]]
         await asyncio.sleep(0)  # both queued
         with pytest.raises(EngineBusy, match="PONDER_ENGINE_MAX_QUEUE"):
@@ -244,11 +244,7 @@ async def test_closing_fails_waiting_rows_and_later_submits() -> None:
 async def test_an_overdue_urgent_row_preempts_a_much_less_urgent_one() -> None:
     engine = ScriptedEngine(step_ms=(2, 0), max_rows=1, preempt_after_ms=50)
     try:
-        running = asyncio.Event()
-        low = req("[[tokens: 300]]", max_new_tokens=300, priority=5)
-        low.on_text = lambda _: running.set()
-        background = asyncio.create_task(engine.submit(low))
-        await asyncio.wait_for(running.wait(), 5)
+        background = await in_engine(engine, req("[[tokens: 300]]", max_new_tokens=300, priority=5))
         same_level = asyncio.create_task(engine.submit(req("[[tokens: 2]]", priority=4)))
         urgent = await asyncio.wait_for(engine.submit(req("[[tokens: 3]]", priority=1)), 5)
         assert urgent.completion_tokens == 3
@@ -269,11 +265,7 @@ async def test_an_overdue_urgent_row_preempts_a_much_less_urgent_one() -> None:
 async def test_without_preemption_an_urgent_row_waits_for_a_slot() -> None:
     engine = ScriptedEngine(step_ms=(2, 0), max_rows=1)
     try:
-        running = asyncio.Event()
-        low = req("[[tokens: 100]]", max_new_tokens=100, priority=5)
-        low.on_text = lambda _: running.set()
-        background = asyncio.create_task(engine.submit(low))
-        await asyncio.wait_for(running.wait(), 5)
+        background = await in_engine(engine, req("[[tokens: 100]]", max_new_tokens=100, priority=5))
         urgent = asyncio.create_task(engine.submit(req("[[tokens: 3]]", priority=0)))
         done, _ = await asyncio.wait({background, urgent}, return_when=asyncio.FIRST_COMPLETED)
         assert done == {background}
@@ -288,10 +280,8 @@ async def test_the_most_urgent_waiting_row_is_admitted_first() -> None:
     engine = ScriptedEngine(step_ms=(1, 0), max_rows=1)
     order: list[int] = []
     try:
-        running = asyncio.Event()
-        blocker = req("[[tokens: 10000]]", max_new_tokens=10000, on_text=lambda _: running.set())
-        blocking = asyncio.create_task(engine.submit(blocker))
-        await asyncio.wait_for(running.wait(), 5)
+        blocker = req("[[tokens: 10000]]", max_new_tokens=10000)
+        blocking = await in_engine(engine, blocker)
 
         async def sample(index: int, priority: int) -> None:
             await engine.submit(req("[[tokens: 2]]", index, priority=priority))
