@@ -22,7 +22,14 @@ from fastapi.responses import JSONResponse, Response
 from ponder.api.deps import get_state
 from ponder.api.openai_common import caller, openai_errors, query_int, read_json
 from ponder.ids import sort_key
-from ponder.openai.batches import KIND, batch_request, cancel_lines, new_batch, public_batch
+from ponder.openai.batches import (
+    KIND,
+    BatchStatus,
+    batch_request,
+    cancel_lines,
+    new_batch,
+    public_batch,
+)
 from ponder.openai.common import OpenAIError, check_webhook_url, list_body
 from ponder.openai.files import FileStore
 from ponder.store.base import StoredObject
@@ -32,7 +39,7 @@ __all__ = ["router"]
 router = APIRouter(prefix="/v1", tags=["openai"])
 
 _CAS_RETRIES = 10
-_CANCELLABLE = ("validating", "in_progress")
+_CANCELLABLE = (BatchStatus.validating, BatchStatus.in_progress)
 
 
 async def _load(request: Request, batch_id: str) -> StoredObject:
@@ -107,12 +114,12 @@ async def cancel_batch(batch_id: str, request: Request) -> Response:
     for _ in range(_CAS_RETRIES):
         obj = await _load(request, batch_id)
         batch: dict[str, Any] = obj.data["batch"]
-        if batch["status"] in ("cancelling", "cancelled"):
+        if batch["status"] in (BatchStatus.cancelling, BatchStatus.cancelled):
             return JSONResponse(batch)
         if batch["status"] not in _CANCELLABLE:
             status = batch["status"]
             raise OpenAIError(409, "conflict", f"the batch is {status}; it cannot be cancelled")
-        batch.update(status="cancelling", cancelling_at=int(time.time()))
+        batch.update(status=BatchStatus.cancelling, cancelling_at=int(time.time()))
         if await store.update_object(obj):
             lines = list(obj.data.get("state", {}).get("in_flight", {}).values())
             await cancel_lines(store, await store.get_tasks(lines), obj.owner, running=False)

@@ -50,6 +50,7 @@ from ponder.openai.batches import (
     KIND,
     NOT_RUN,
     BatchLine,
+    BatchStatus,
     cancel_lines,
     error_line,
     output_line,
@@ -177,10 +178,10 @@ class BatchFeeder:
         """Validate a new batch; record the lines whose task ended; start the end of a
         cancelled or expired batch."""
         batch, state = obj.data["batch"], obj.data["state"]
-        if batch["status"] == "validating":
+        if batch["status"] == BatchStatus.validating:
             await self._validate(obj)
             return
-        if batch["status"] not in ("in_progress", "cancelling"):
+        if batch["status"] not in (BatchStatus.in_progress, BatchStatus.cancelling):
             return
         lines = await self._input(obj)
         if lines is None:
@@ -192,19 +193,21 @@ class BatchFeeder:
                 await self._record(obj, lines[int(n)], int(n), task)
                 del in_flight[n]
         ending = self._ending(obj)
-        overdue = batch["status"] == "in_progress" and time.time() >= batch["expires_at"]
+        overdue = batch["status"] == BatchStatus.in_progress and time.time() >= batch["expires_at"]
         if ending is None and overdue:
-            state["ending"] = ending = "expired"
+            state["ending"] = ending = BatchStatus.expired
         if ending is not None:
             # queued lines are cancelled (the cancel route did too); running ones on expiry
-            await cancel_lines(self.store, tasks, obj.owner, running=ending == "expired")
+            running = ending == BatchStatus.expired
+            await cancel_lines(self.store, tasks, obj.owner, running=running)
 
     @staticmethod
-    def _ending(obj: StoredObject) -> str | None:
-        if obj.data["batch"]["status"] == "cancelling":
-            return "cancelled"
+    def _ending(obj: StoredObject) -> BatchStatus | None:
+        """How the batch is ending (cancelled, expired), or None while it runs on."""
+        if obj.data["batch"]["status"] == BatchStatus.cancelling:
+            return BatchStatus.cancelled
         ending: str | None = obj.data["state"]["ending"]
-        return ending
+        return None if ending is None else BatchStatus(ending)
 
     async def _validate(self, obj: StoredObject) -> None:
         batch = obj.data["batch"]
@@ -222,7 +225,7 @@ class BatchFeeder:
         if errors:
             await self._fail(obj, errors)
             return
-        batch.update(status="in_progress", in_progress_at=int(time.time()))
+        batch.update(status=BatchStatus.in_progress, in_progress_at=int(time.time()))
         batch["request_counts"]["total"] = len(lines)
         if await self.store.update_object(obj):
             self._lines[obj.id] = lines
@@ -231,11 +234,11 @@ class BatchFeeder:
     async def _fail(self, obj: StoredObject, errors: list[dict[str, Any]]) -> None:
         batch = obj.data["batch"]
         batch.update(
-            status="failed",
+            status=BatchStatus.failed,
             failed_at=int(time.time()),
             errors={"object": "list", "data": errors[:_MAX_ERRORS]},
         )
-        await self._end(obj, "failed")
+        await self._end(obj, BatchStatus.failed)
 
     async def _input(self, obj: StoredObject) -> list[BatchLine] | None:
         """The batch's requests (read again after a restart); None (the batch failed)
@@ -279,7 +282,7 @@ class BatchFeeder:
         """Submit up to ``room`` more lines; how many went in flight."""
         batch, state = obj.data["batch"], obj.data["state"]
         lines = self._lines.get(obj.id)
-        if batch["status"] != "in_progress" or state["ending"] or lines is None:
+        if batch["status"] != BatchStatus.in_progress or state["ending"] or lines is None:
             return 0
         used = 0
         while used < room and state["next_line"] < len(lines):
@@ -362,8 +365,8 @@ class BatchFeeder:
             return  # it failed this tick
         lines = self._lines.get(obj.id)
         done = lines is not None and state["next_line"] >= len(lines)
-        if batch["status"] == "finalizing" or (
-            batch["status"] in ("in_progress", "cancelling")
+        if batch["status"] == BatchStatus.finalizing or (
+            batch["status"] in (BatchStatus.in_progress, BatchStatus.cancelling)
             and not state["in_flight"]
             and (done or self._ending(obj) is not None)
         ):
@@ -374,10 +377,10 @@ class BatchFeeder:
     async def _finalize(self, obj: StoredObject) -> None:
         """Write the output and error files and the final status."""
         batch = obj.data["batch"]
-        ending = self._ending(obj) or "completed"
+        ending = self._ending(obj) or BatchStatus.completed
         now = int(time.time())
-        if ending == "completed" and batch["status"] != "finalizing":
-            batch.update(status="finalizing", finalizing_at=now)
+        if ending == BatchStatus.completed and batch["status"] != BatchStatus.finalizing:
+            batch.update(status=BatchStatus.finalizing, finalizing_at=now)
             if not await self.store.update_object(obj):
                 return  # cancelled meanwhile: it ends as cancelled
         lines = await self._input(obj)
@@ -413,7 +416,7 @@ class BatchFeeder:
         batch.update(status=ending, **{f"{ending}_at": now})
         await self._end(obj, ending)
 
-    async def _end(self, obj: StoredObject, ending: str) -> None:
+    async def _end(self, obj: StoredObject, ending: BatchStatus) -> None:
         """Write the final status; the batch stays active until its webhook is queued."""
         obj.data["state"]["ended"] = ending
         if await self.store.update_object(obj):

@@ -15,6 +15,7 @@ import re
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
@@ -32,6 +33,7 @@ __all__ = [
     "NOT_RUN",
     "BatchCreateRequest",
     "BatchLine",
+    "BatchStatus",
     "batch_request",
     "check_batch_file",
     "error_line",
@@ -48,6 +50,23 @@ ENDPOINTS = ("/v1/chat/completions", "/v1/responses")
 _WINDOW = re.compile(r"^(\d{1,6})([smh])$")
 _MAX_WINDOW_S = 86_400
 _MAX_CUSTOM_ID = 512
+
+
+class BatchStatus(StrEnum):
+    """A batch's ``status`` (OpenAI's names; stored and answered as these strings).
+
+    ``validating`` → ``in_progress`` → ``finalizing`` → ``completed``; or ``failed`` (the
+    input file), ``expired`` (the completion window), ``cancelling`` → ``cancelled``.
+    """
+
+    validating = "validating"
+    in_progress = "in_progress"
+    finalizing = "finalizing"
+    completed = "completed"
+    failed = "failed"
+    expired = "expired"
+    cancelling = "cancelling"
+    cancelled = "cancelled"
 
 
 class BatchCreateRequest(BaseModel):
@@ -195,7 +214,7 @@ def new_batch(
         "errors": None,
         "input_file_id": input_file_id,
         "completion_window": window,
-        "status": "validating",
+        "status": BatchStatus.validating,
         "output_file_id": None,
         "error_file_id": None,
         "created_at": now,
@@ -251,8 +270,8 @@ def error_line(custom_id: str, request_id: str, code: str, message: str) -> dict
 
 
 NOT_RUN = {
-    "cancelled": "the batch was cancelled before this request finished",
-    "expired": "this request could not be executed before the completion window expired",
+    BatchStatus.cancelled: "the batch was cancelled before this request finished",
+    BatchStatus.expired: "this request could not be executed before the completion window expired",
 }
 
 

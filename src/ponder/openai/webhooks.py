@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 
+from ponder.openai.batches import BatchStatus
 from ponder.store.base import Outbox
 from ponder.store.deliveries import OutboxEntry
 from ponder.types import TaskStatus
@@ -41,10 +42,10 @@ RESPONSE_EVENTS = {
 }
 #: a batch's final status → its event
 BATCH_EVENTS = {
-    "completed": "batch.completed",
-    "failed": "batch.failed",
-    "expired": "batch.expired",
-    "cancelled": "batch.cancelled",
+    BatchStatus.completed: "batch.completed",
+    BatchStatus.failed: "batch.failed",
+    BatchStatus.expired: "batch.expired",
+    BatchStatus.cancelled: "batch.cancelled",
 }
 
 
