@@ -133,6 +133,22 @@ def _input_items(req: ResponseCreateRequest, task_id: str, prefix: str) -> list[
     return items
 
 
+def _refuse_unsupported(req: ResponseCreateRequest, prefix: str) -> None:
+    """422 for what a response request may ask that ponder does not do."""
+    refusals = (
+        (bool(req.tools), "tools", "tools are not supported"),
+        (
+            req.previous_response_id is not None,
+            "previous_response_id",
+            "not supported; send the conversation in input",
+        ),
+        (req.background and not req.store, "store", "background responses need store"),
+    )
+    for refused, field, why in refusals:
+        if refused:
+            raise OpenAIError(422, "invalid", f"{prefix}{field}: {why}", param=f"{prefix}{field}")
+
+
 def parse_response_body(
     body: dict[str, Any], settings: Settings, task_id: str, prefix: str = ""
 ) -> tuple[ResponseCreateRequest, dict[str, Any], TaskCreate]:
@@ -144,24 +160,7 @@ def parse_response_body(
     except ValidationError as e:
         raise invalid(e, prefix) from e
     req.model = served_model(req.model, settings, f"{prefix}model")
-    if req.tools:
-        raise OpenAIError(
-            422, "invalid", f"{prefix}tools: tools are not supported", param=f"{prefix}tools"
-        )
-    if req.previous_response_id is not None:
-        raise OpenAIError(
-            422,
-            "invalid",
-            f"{prefix}previous_response_id: not supported; send the conversation in input",
-            param=f"{prefix}previous_response_id",
-        )
-    if req.background and not req.store:
-        raise OpenAIError(
-            422,
-            "invalid",
-            f"{prefix}store: background responses need store",
-            param=f"{prefix}store",
-        )
+    _refuse_unsupported(req, prefix)
     items = _input_items(req, task_id, prefix)
     messages = [{"role": "system", "content": req.instructions}] if req.instructions else []
     messages += [{"role": i["role"], "content": i["content"][0]["text"]} for i in items]
