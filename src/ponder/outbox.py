@@ -3,20 +3,5 @@ importable from here until the last importer has moved."""
 
 from __future__ import annotations
 
-from ponder.store.deliveries import (
-    EVENTS,
-    PRELIMINARY,
-    OutboxEntry,
-    task_deliveries,
-    terminal_event,
-    webhook_id,
-)
-
-__all__ = [
-    "EVENTS",
-    "PRELIMINARY",
-    "OutboxEntry",
-    "task_deliveries",
-    "terminal_event",
-    "webhook_id",
-]
+from ponder.store.deliveries import *  # noqa: F403
+from ponder.store.deliveries import __all__ as __all__
