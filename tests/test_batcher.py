@@ -586,12 +586,21 @@ async def test_every_row_cancelled_before_the_call_skips_the_engine(make: Make) 
     assert len(engine.calls) == 1
 
 
-async def test_request_flag_cancel_while_buffered_removes_it(make: Make) -> None:
-    engine, clock = FakeEngine(), FakeClock()
-    batcher = await started(make, engine, max_batch_size=4, adaptive=False, clock=clock)
+async def buffered(
+    make: Make,
+) -> tuple[FakeEngine, DynamicBatcher, SampleRequest, asyncio.Task[SampleOutput]]:
+    """One request in a batcher's buffer, no batch due (room for 4, a clock that stands):
+    the engine, the batcher, the request and its submit."""
+    engine = FakeEngine()
+    batcher = await started(make, engine, max_batch_size=4, adaptive=False, clock=FakeClock())
     request = req("a")
     task = asyncio.create_task(batcher.submit(request))
     await settle()
+    return engine, batcher, request, task
+
+
+async def test_request_flag_cancel_while_buffered_removes_it(make: Make) -> None:
+    engine, batcher, request, task = await buffered(make)
     assert batcher.depth() == 1
     request.cancel()  # e.g. from the worker's cancel watcher
     assert batcher.depth() == 0  # at once
@@ -601,11 +610,7 @@ async def test_request_flag_cancel_while_buffered_removes_it(make: Make) -> None
 
 
 async def test_request_flag_cancel_from_another_thread(make: Make) -> None:
-    engine, clock = FakeEngine(), FakeClock()
-    batcher = await started(make, engine, max_batch_size=4, adaptive=False, clock=clock)
-    request = req("a")
-    task = asyncio.create_task(batcher.submit(request))
-    await settle()
+    engine, batcher, request, task = await buffered(make)
     await asyncio.to_thread(request.cancel)
     assert (await task).finish_reason == "cancelled"
     assert batcher.depth() == 0 and engine.calls == []

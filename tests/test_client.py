@@ -54,20 +54,22 @@ class _DroppedStream(httpx.AsyncByteStream, httpx.SyncByteStream):
     def __init__(self, inner: Any, events: int) -> None:
         self.inner, self.events, self.buffer = inner, events, []
 
+    def _kept(self, chunk: bytes) -> bytes | None:
+        """Buffers ``chunk``; once the events are in, what to pass on before the drop."""
+        self.buffer.append(chunk)
+        kept, reached = _cut(self.buffer, self.events)
+        return kept if reached else None
+
     def __iter__(self) -> Iterator[bytes]:
         for chunk in self.inner:
-            self.buffer.append(chunk)
-            kept, reached = _cut(self.buffer, self.events)
-            if reached:
+            if (kept := self._kept(chunk)) is not None:
                 yield kept
                 raise httpx.ReadError("connection dropped (test)")
         yield b"".join(self.buffer)
 
     async def __aiter__(self) -> AsyncIterator[bytes]:
         async for chunk in self.inner:
-            self.buffer.append(chunk)
-            kept, reached = _cut(self.buffer, self.events)
-            if reached:
+            if (kept := self._kept(chunk)) is not None:
                 yield kept
                 raise httpx.ReadError("connection dropped (test)")
         yield b"".join(self.buffer)

@@ -14,6 +14,23 @@ import httpx
 
 from tests.conftest import free_port, until
 
+#: how long one documented block may run
+BLOCK_TIMEOUT_S = 60
+
+
+def run_block(argv: list[str], cwd: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    """A documented block's command run as a reader would (nothing on stdin), its output
+    captured; ``subprocess.TimeoutExpired`` after ``BLOCK_TIMEOUT_S``."""
+    return subprocess.run(
+        argv,
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+    )
+
 
 @contextlib.contextmanager
 def scripted_service(workdir: Path, node_id: str, env: dict[str, str]) -> Iterator[str]:

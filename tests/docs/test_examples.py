@@ -24,13 +24,12 @@ import pytest
 
 from ponder.webhooks import generate_secret
 from tests.docs.markdown import ROOT, Block, blocks, example_pages
-from tests.docs.service import scripted_service
+from tests.docs.service import BLOCK_TIMEOUT_S, run_block, scripted_service
 
 pytestmark = pytest.mark.timeout(300)
 
 #: at least this many blocks must run (the pages hold more; a parser that finds none fails)
 MIN_RUN = 25
-BLOCK_TIMEOUT_S = 60
 PARALLEL = 3
 #: what the service and the examples share: the webhook secret (the receivers of the
 #: webhook examples listen on loopback, hence private callbacks allowed)
@@ -73,15 +72,7 @@ def _run(block: Block, url: str, workdir: Path) -> Ran:
     else:
         argv = ["bash", "-euo", "pipefail", "-c", code]
     try:
-        done = subprocess.run(
-            argv,
-            cwd=workdir,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=BLOCK_TIMEOUT_S,
-            stdin=subprocess.DEVNULL,
-        )
+        done = run_block(argv, workdir, env)
     except subprocess.TimeoutExpired as e:
         return Ran(block, -1, f"timed out after {BLOCK_TIMEOUT_S} s\n{e.stdout!r}\n{e.stderr!r}")
     return Ran(block, done.returncode, done.stdout + done.stderr)

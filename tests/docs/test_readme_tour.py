@@ -22,13 +22,12 @@ from pathlib import Path
 import pytest
 
 from tests.docs.markdown import ROOT, Block, blocks
-from tests.docs.service import scripted_service
+from tests.docs.service import BLOCK_TIMEOUT_S, run_block, scripted_service
 from tests.docs.test_examples import shape
 
 pytestmark = pytest.mark.timeout(300)
 
 README = ROOT / "README.md"
-BLOCK_TIMEOUT_S = 60
 #: the one command the README gives for what ``make serve`` does not install
 INSTALL_OPENAI = ".venv/bin/python -m pip install openai"
 #: a base URL written out: allowed only as the default of PONDER_URL
@@ -81,15 +80,7 @@ def run(block: Block, folder: Path, env: dict[str, str]) -> subprocess.Completed
         argv = [".venv/bin/python", "example.py"]  # as the README says to run them
     else:
         argv = ["bash", "-euo", "pipefail", "-c", block.code]
-    return subprocess.run(
-        argv,
-        cwd=folder,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=BLOCK_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-    )
+    return run_block(argv, folder, env)
 
 
 def test_the_tour_names_no_port_and_says_what_to_install() -> None:
