@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import inspect
 import json
-import os
 import random
 import time
 import uuid
@@ -26,6 +25,7 @@ from typing import Any, Concatenate, Generic, ParamSpec, TypeVar, cast
 import httpx
 from pydantic import ValidationError
 
+from ponder.config import client_environment
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final
@@ -350,7 +350,7 @@ def takes_request_of(
 
 # --- what both clients hold and decide ------------------------------------------------
 def _checked_url(base_url: str | None) -> str:
-    url = (base_url or os.environ.get("PONDER_URL") or DEFAULT_URL).rstrip("/")
+    url = (base_url or client_environment()[0] or DEFAULT_URL).rstrip("/")
     try:
         parsed = httpx.URL(url)
     except httpx.InvalidURL:
@@ -386,7 +386,7 @@ class ClientCore(Generic[_Http]):
         http_client: _Http | None = None,
     ) -> None:
         self.base_url = _checked_url(base_url)
-        key = api_key if api_key is not None else os.environ.get("PONDER_API_KEY")
+        key = api_key if api_key is not None else client_environment()[1]
         self.headers = {"user-agent": f"ponder-python/{__version__}"}
         if key:
             if not (key.isascii() and key.isprintable()):

@@ -5,13 +5,15 @@ neither workers nor engines; this module is where the two meet."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-from fastapi import FastAPI
+from typing import TYPE_CHECKING
 
 from ponder.api import create_app
 from ponder.config import Settings
 from ponder.runtime import WorkerRuntime
 from ponder.store import create_store
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = ["AllInOne", "all_in_one"]
 

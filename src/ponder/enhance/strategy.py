@@ -3,7 +3,8 @@
 :func:`create_strategy` returns the :class:`Strategy` of a task; the worker drives every
 mode (``fast``, ``standard``, ``deep``) the same way. What differs between modes is the
 mode's settings (:class:`ponder.config.ModeConfig`: samples, ``early_stop``, ``paths``,
-``progressive``, ``clarify``) and whether it gives anytime answers (:data:`ANYTIME_MODES`);
+``progressive``, ``clarify``, ``preliminary``: whether it gives anytime answers,
+``cascade``: whether it escalates by stages);
 what differs between task types is the task's answer type
 (:class:`ponder.enhance.answers.AnswerType`: its paths and instructions, the sandbox runs
 of :meth:`~ponder.enhance.answers.AnswerType.prepare` and
@@ -71,7 +72,6 @@ from ponder.enhance.calibration import (
 from ponder.types import Mode, ReasoningPath, Result, Sample, SampleStatus, Task, TaskType
 
 __all__ = [
-    "ANYTIME_MODES",
     "CONFIDENCE_POWER",
     "ESCALATIONS",
     "GREEDY_WEIGHT",
@@ -98,8 +98,6 @@ PRELIMINARY_STEP = 0.05
 PRELIMINARY_INTERVAL_S = 0.5
 #: the longest clarifying question accepted from the model
 MAX_QUESTION_CHARS = 240
-#: the modes that give a preliminary answer while samples run
-ANYTIME_MODES = frozenset({Mode.standard, Mode.deep, Mode.auto})
 #: auto mode: the escalation that starts stage 2, and the one that starts stage 3
 ESCALATIONS = ("second_path", "deep_plan")
 
@@ -200,8 +198,8 @@ def _reasoning(text: str) -> str:
 class Strategy:
     """How one task is run; one instance per task run (it keeps the preliminary state).
 
-    The task's mode decides through its :class:`~ponder.config.ModeConfig` and
-    :data:`ANYTIME_MODES`, the task's type through its answer type (:attr:`answers`).
+    The task's mode decides through its :class:`~ponder.config.ModeConfig`, the task's
+    type through its answer type (:attr:`answers`).
     """
 
     def __init__(
@@ -215,11 +213,11 @@ class Strategy:
         self.task = task
         self.settings = settings
         self.mode = Mode(task.mode)
-        #: a preliminary answer while samples run
-        self.anytime = self.mode in ANYTIME_MODES
-        #: auto mode's cascade (module docstring, step 7)
-        self.cascade = self.mode == Mode.auto
         self.config: ModeConfig = settings.mode(task.mode)
+        #: a preliminary answer while samples run
+        self.anytime = self.config.preliminary
+        #: auto mode's cascade (module docstring, step 7)
+        self.cascade = self.config.cascade
         self.calibration = calibration or default_calibration(settings.model)
         self.task_type = resolve_task_type(task)
         self.answers: AnswerType = ANSWER_TYPES[self.task_type]

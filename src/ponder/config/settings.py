@@ -1,7 +1,6 @@
-"""Settings: read from the environment (prefix ``PONDER_``) in this module only.
-
-Every field has a default and a description; cross-field checks say what to change.
-"""
+"""The settings (:class:`Settings`): every field read from ``PONDER_<FIELD>``, with its
+default and description; each field checked alone here, the settings as a whole in
+:mod:`ponder.config.checks`."""
 
 from __future__ import annotations
 
@@ -9,129 +8,23 @@ import base64
 import itertools
 import json
 import os
-import re
 import socket
-from collections.abc import Callable, Iterator
-from functools import lru_cache
 from typing import Annotated, Any, Literal
 
 from pydantic import (
-    BaseModel,
     Field,
     SecretStr,
-    ValidationError,
     field_validator,
     model_validator,
 )
 from pydantic_core import PydanticCustomError
-from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict, SettingsError
+from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ponder.errors import ConfigError
-from ponder.types import Mode, ReasoningPath
+from ponder.config.checks import CONFLICT, CROSS_FIELD_CHECKS
+from ponder.config.modes import NUM_PRIORITIES, SERVED_MODELS, ModeConfig, default_modes
+from ponder.types import Mode
 
-__all__ = [
-    "CROSS_FIELD_CHECKS",
-    "SERVED_MODELS",
-    "ModeConfig",
-    "Settings",
-    "get_settings",
-    "load_settings",
-]
-
-NUM_PRIORITIES = 6
-
-
-#: auto mode's default target_confidence, the calibrated confidence at which its first
-#: stages end, and its vote_target, the stop rule's target in stage 3 (chosen on the
-#: quality benchmark's fit half: bench/results/quality.md)
-AUTO_TARGET = 0.6
-AUTO_VOTE_TARGET = 0.5
-
-#: the model names the OpenAI-compatible routes serve (``GET /v1/models``): ``ponder``
-#: (the standard mode) and one per mode
-SERVED_MODELS = ("ponder", *(f"ponder-{mode.value}" for mode in Mode))
-
-
-class ModeConfig(BaseModel):
-    """Defaults and caps of one mode."""
-
-    samples: int = Field(ge=1, description="samples run by default")
-    max_samples: int = Field(ge=1, description="the most samples a request may ask for")
-    temperature: float = Field(ge=0.0, le=2.0, description="sampling temperature by default")
-    max_temperature: float = Field(default=1.5, ge=0.0, le=2.0)
-    max_new_tokens: int = Field(ge=1, description="tokens per sample by default")
-    max_max_new_tokens: int = Field(ge=1, description="the most tokens a request may ask for")
-    sample_timeout_s: float = Field(gt=0, description="one sample's time limit")
-    task_timeout_s: float = Field(gt=0, description="the whole task's time limit")
-    max_timeout_s: float = Field(gt=0, description="the most timeout_s a request may ask for")
-    early_stop: bool = Field(
-        default=False, description="stop sampling once the vote is decided (skipped samples)"
-    )
-    target_confidence: float = Field(
-        default=0.8,
-        gt=0,
-        le=1,
-        description="early stop: the probability that the leading answer stays the leader "
-        "(auto mode: also the calibrated confidence that ends its first stages)",
-    )
-    vote_target: float | None = Field(
-        default=None,
-        gt=0,
-        le=1,
-        description="auto mode: the stop rule's target over deep's plan (stage 3), where "
-        "target_confidence ends stages 1 and 2; None: target_confidence",
-    )
-    paths: list[ReasoningPath] = Field(
-        default_factory=lambda: [ReasoningPath.cot],
-        description="reasoning paths the samples are spread over: cot, decompose, pot",
-    )
-    progressive: bool = Field(
-        default=False,
-        description="first sample at a promoted priority (deep mode)",
-    )
-    clarify: bool = Field(
-        default=False, description="ask a clarifying question when the paths disagree"
-    )
-
-    def temperature_for(self, samples: int) -> float:
-        """Temperatures fall slightly as N grows: -4% per sample beyond 3, at most -40%."""
-        return round(self.temperature * max(0.6, 1 - 0.04 * max(0, samples - 3)), 4)
-
-    @field_validator("paths")
-    @classmethod
-    def _check_paths(cls, value: list[ReasoningPath]) -> list[ReasoningPath]:
-        if not value:  # a value that is no ReasoningPath fails before this
-            raise ValueError(f"paths must be a non-empty list of cot, decompose, pot; got {value}")
-        return value
-
-
-def default_modes() -> dict[Mode, ModeConfig]:
-    return {
-        Mode.fast: ModeConfig(
-            samples=1, max_samples=1, temperature=0.3, max_new_tokens=512,
-            max_max_new_tokens=2048, sample_timeout_s=60, task_timeout_s=300, max_timeout_s=600,
-        ),
-        Mode.standard: ModeConfig(
-            samples=3, max_samples=8, temperature=0.5, max_new_tokens=1024,
-            max_max_new_tokens=2048, sample_timeout_s=60, task_timeout_s=300, max_timeout_s=600,
-            early_stop=True,
-        ),
-        Mode.deep: ModeConfig(
-            samples=5, max_samples=12, temperature=0.4, max_new_tokens=2048,
-            max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
-            early_stop=True, paths=[ReasoningPath.cot, ReasoningPath.pot, ReasoningPath.decompose],
-            progressive=True, clarify=True,
-        ),
-        # the cascade's plan is deep's (its paths, its size); target_confidence is the
-        # calibrated confidence that ends stage 1 or 2, vote_target the stop rule's target
-        # in stage 3, both chosen by bench/quality.py on the fit half
-        Mode.auto: ModeConfig(
-            samples=5, max_samples=12, temperature=0.4, max_new_tokens=1024,
-            max_max_new_tokens=4096, sample_timeout_s=90, task_timeout_s=420, max_timeout_s=900,
-            early_stop=True, target_confidence=AUTO_TARGET, vote_target=AUTO_VOTE_TARGET,
-            paths=[ReasoningPath.cot, ReasoningPath.pot, ReasoningPath.decompose],
-        ),
-    }  # fmt: skip
+__all__ = ["Settings"]
 
 
 def _default_node_id() -> str:
@@ -241,6 +134,9 @@ class Settings(BaseSettings):
         le=65535,
         description="`ponder worker`: serve the process's Prometheus metrics on this port "
         "(bound to PONDER_HOST); unset: none (`serve` and `api` have /metrics)",
+    )
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"] = Field(
+        default="INFO", description="the processes' log level (any case)"
     )
     modes: dict[Mode, ModeConfig] = Field(default_factory=default_modes)
 
@@ -526,6 +422,11 @@ class Settings(BaseSettings):
             )
         return value
 
+    @field_validator("log_level", mode="before")
+    @classmethod
+    def _upper_level(cls, value: Any) -> Any:
+        return value.upper() if isinstance(value, str) else value
+
     @field_validator("modes", mode="before")
     @classmethod
     def _complete_modes(cls, value: Any) -> Any:
@@ -546,7 +447,7 @@ class Settings(BaseSettings):
     def _check_as_a_whole(self) -> Settings:
         problems = [problem for check in CROSS_FIELD_CHECKS for problem in check(self)]
         if problems:
-            raise PydanticCustomError(_CONFLICT, "{problems}", {"problems": "\n".join(problems)})
+            raise PydanticCustomError(CONFLICT, "{problems}", {"problems": "\n".join(problems)})
         return self
 
     @property
@@ -555,164 +456,3 @@ class Settings(BaseSettings):
 
     def mode(self, mode: Mode | str) -> ModeConfig:
         return self.modes[Mode(mode)]
-
-
-# --- settings checked as a whole ------------------------------------------------------
-# Each check is one small function of the validated settings that yields problems: one
-# line each, naming the PONDER_ variables to change and the values seen. Add a check by
-# appending it to CROSS_FIELD_CHECKS.
-_CONFLICT = "settings_conflict"
-
-
-def _heartbeat_inside_lease(s: Settings) -> Iterator[str]:
-    if s.heartbeat_s and s.heartbeat_s >= s.lease_s:
-        yield (
-            f"heartbeat ({s.heartbeat_s:g} s) must be shorter than the lease ({s.lease_s:g} s): "
-            "lower PONDER_HEARTBEAT_S or raise PONDER_LEASE_S"
-        )
-
-
-def _buffer_holds_a_batch(s: Settings) -> Iterator[str]:
-    if s.batching == "static" and s.batch_max_buffer < s.batch_max_size:
-        yield (
-            f"the batch buffer ({s.batch_max_buffer}) must hold at least one full batch "
-            f"({s.batch_max_size}) with PONDER_BATCHING=static: raise PONDER_BATCH_MAX_BUFFER "
-            "or lower PONDER_BATCH_MAX_SIZE"
-        )
-
-
-def _static_batches_fit_the_engine(s: Settings) -> Iterator[str]:
-    rows = s.batch_max_size * s.batch_max_concurrent
-    if s.batching == "static" and s.engine != "openai" and rows > s.engine_max_rows:
-        yield (
-            f"static batching runs up to {rows} rows at once (PONDER_BATCH_MAX_SIZE "
-            f"{s.batch_max_size} x PONDER_BATCH_MAX_CONCURRENT {s.batch_max_concurrent}), more "
-            f"than the engine takes (PONDER_ENGINE_MAX_ROWS {s.engine_max_rows}): raise "
-            "PONDER_ENGINE_MAX_ROWS or lower the batch size"
-        )
-
-
-def _batch_wait_under_sample_timeouts(s: Settings) -> Iterator[str]:
-    mode, config = min(s.modes.items(), key=lambda item: item[1].sample_timeout_s)
-    var, wait_ms = (
-        ("PONDER_BATCH_MAX_WAIT_MS", s.batch_max_wait_ms)
-        if s.batching == "static"
-        else ("PONDER_ENGINE_MAX_WAIT_MS", s.engine_max_wait_ms)
-    )
-    if wait_ms / 1000 >= config.sample_timeout_s:
-        yield (
-            f"the {s.batching} batching wait ({wait_ms:g} ms) must be shorter than the {mode} "
-            f"mode's sample timeout ({config.sample_timeout_s:g} s): lower {var} or raise "
-            f"PONDER_MODES__{mode.upper()}__SAMPLE_TIMEOUT_S"
-        )
-
-
-def _mode_defaults_within_caps(s: Settings) -> Iterator[str]:
-    for mode, config in s.modes.items():
-        var = f"PONDER_MODES__{mode.upper()}__"
-        pairs = [
-            ("samples", "max_samples", "the most samples a request may ask for"),
-            ("max_new_tokens", "max_max_new_tokens", "the most tokens a request may ask for"),
-            ("temperature", "max_temperature", "the highest temperature a request may ask for"),
-            ("sample_timeout_s", "task_timeout_s", "the whole task's time limit"),
-            ("task_timeout_s", "max_timeout_s", "the most timeout_s a request may ask for"),
-        ]
-        for low, high, meaning in pairs:
-            value, cap = getattr(config, low), getattr(config, high)
-            if value > cap:
-                yield (
-                    f"{mode} mode: {low} ({value:g}) is over {high} ({cap:g}, {meaning}): "
-                    f"lower {var}{low.upper()} or raise {var}{high.upper()}"
-                )
-
-
-def _limits_fit_in_a_body(s: Settings) -> Iterator[str]:
-    limits = [
-        ("PONDER_MAX_PROMPT_CHARS", s.max_prompt_chars, "a prompt of", "characters"),
-        ("PONDER_MAX_TESTS_CHARS", s.max_tests_chars, "tests of", "characters"),
-        ("PONDER_MAX_METADATA_BYTES", s.max_metadata_bytes, "metadata of", "bytes"),
-    ]
-    for var, limit, what, unit in limits:
-        if limit > s.max_body_bytes:
-            yield (
-                f"{what} {var} ({limit} {unit}) can never arrive in a request body of "
-                f"PONDER_MAX_BODY_BYTES ({s.max_body_bytes} bytes): raise "
-                f"PONDER_MAX_BODY_BYTES or lower {var}"
-            )
-
-
-CROSS_FIELD_CHECKS: list[Callable[[Settings], Iterator[str]]] = [
-    _heartbeat_inside_lease,
-    _buffer_holds_a_batch,
-    _static_batches_fit_the_engine,
-    _batch_wait_under_sample_timeouts,
-    _mode_defaults_within_caps,
-    _limits_fit_in_a_body,
-]
-
-#: settings whose values an error message must not repeat
-_SECRET_FIELDS = frozenset({"api_keys", "webhook_secret", "openai_api_key"})
-
-
-def _describe(error: Any) -> str:
-    """One line for one validation error: the variable, the value seen, what is wrong."""
-    if error["type"] == _CONFLICT:
-        return str(error["ctx"]["problems"])
-    names = [str(p) for p in error["loc"] if not isinstance(p, int)]
-    items = [p for p in error["loc"] if isinstance(p, int)]
-    var = "PONDER_" + "__".join(names).upper()
-    message = str(error["msg"]).removeprefix("Value error, ")
-    seen = error["input"]
-    if (names and names[0] in _SECRET_FIELDS) or isinstance(seen, dict):
-        return f"{var}: {message}"
-    shown = (",".join(map(str, seen)) if isinstance(seen, list) else str(seen))[:80]
-    if items:
-        return f"{var}: item {items[0] + 1} ({shown}): {message}"
-    return f"{var}={shown}: {message}"
-
-
-def _unparsable(e: SettingsError) -> str:
-    """A structured value (``PONDER_MODES``…) that is not JSON: name the variables set."""
-    field = re.search(r'field "(\w+)"', str(e))
-    prefix = f"PONDER_{field.group(1).upper()}" if field else "PONDER_"
-    names = sorted(k for k in os.environ if k.upper().startswith(prefix)) or [prefix]
-    return f"{' or '.join(names)}: not valid JSON ({e.__cause__ or e})"
-
-
-#: settings of earlier versions, and what replaced them (a value set is refused, not ignored)
-_REPLACED = {
-    "PONDER_TORCH_THREADS": "set PONDER_ENGINE_THREADS",
-    "PONDER_MODEL_RUNNER": "the local engine is PONDER_ENGINE=openvino (or transformers)",
-    "PONDER_MODEL_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
-    "PONDER_LLAMA_WEIGHTS": "set PONDER_ENGINE_WEIGHTS (f16 or gguf)",
-    "PONDER_LLAMA_KV_TOKENS": "set PONDER_ENGINE_KV_TOKENS",
-    "PONDER_VOTE_WEIGHT": "it had no effect",
-    "PONDER_CONFIDENCE_WEIGHT": "it had no effect",
-}
-
-
-def load_settings(**overrides: Any) -> Settings:
-    """Read settings from the environment (and ``overrides``); raise ConfigError if wrong.
-
-    The message has one line per problem, each naming the ``PONDER_`` variable(s) to
-    change and the value(s) seen.
-    """
-    replaced = [
-        f"invalid configuration: {old} is gone: {instead}"
-        for old, instead in _REPLACED.items()
-        if os.environ.get(old) is not None
-    ]
-    if replaced:
-        raise ConfigError("\n".join(replaced))
-    try:
-        return Settings(**overrides)
-    except ValidationError as e:
-        lines = "\n".join(_describe(err) for err in e.errors()).splitlines()
-        raise ConfigError("\n".join(f"invalid configuration: {line}" for line in lines)) from e
-    except SettingsError as e:
-        raise ConfigError(f"invalid configuration: {_unparsable(e)}") from e
-
-
-@lru_cache(maxsize=1)
-def get_settings() -> Settings:
-    return load_settings()

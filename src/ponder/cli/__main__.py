@@ -1,0 +1,5 @@
+"""``python -m ponder.cli``."""
+
+from ponder.cli import main
+
+main()
