@@ -30,7 +30,7 @@ import logging
 import math
 import re
 from collections.abc import AsyncIterator
-from typing import Annotated, Any, Protocol, cast
+from typing import Annotated, Any, cast
 
 from fastapi import APIRouter, Header, Query, Request, WebSocket
 from fastapi.responses import JSONResponse
@@ -45,13 +45,12 @@ from ponder.api.tasks import load_task
 from ponder.deltas import FOLLOW_RENEW_S
 from ponder.errors import RecoverableError, StoreUnavailable
 from ponder.states import is_final, is_terminal
-from ponder.store.base import Event, EventLog, Notice, TaskRecords
+from ponder.store.base import Event, EventLog, Notice, TaskEvents
 from ponder.types import EventName
 
 # is_final is ponder.states's (the SDK's TaskEvent uses it too), named here for the routes
 # that follow events
 __all__ = [
-    "TaskEvents",
     "follow_event_batches",
     "follow_events",
     "follow_text",
@@ -72,10 +71,6 @@ _WS_NORMAL, _WS_ERROR = 1000, 1011
 _ERRORS: dict[int | str, dict[str, Any]] = {
     code: {"model": ErrorBody} for code in (400, 401, 404, 422, 429, 503)
 }
-
-
-class TaskEvents(TaskRecords, EventLog, Protocol):
-    """The parts of the store that following a task reads: its record and its log."""
 
 
 async def follow_text(store: EventLog, task_id: str) -> None:

@@ -21,10 +21,10 @@ from ponder import admission
 from ponder.aio import first_of
 from ponder.api.deps import check_rate, get_owner, get_state
 from ponder.api.errors import ApiError
-from ponder.api.events import TaskEvents, follow_events, is_final
+from ponder.api.events import follow_events, is_final
 from ponder.errors import AdmissionError, RecoverableError
 from ponder.openai.common import OpenAIError
-from ponder.store.base import TaskRecords
+from ponder.store.base import TaskEvents, TaskRecords
 from ponder.types import Task
 
 __all__ = [

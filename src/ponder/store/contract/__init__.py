@@ -4,7 +4,8 @@ is all of them together.
 - :class:`Lifecycle`: start, close, ping.
 - :class:`TaskQueue`: :class:`TaskRecords` (records, admission, listings),
   :class:`WorkQueue` (claims and leases of queue entries) and :class:`EventLog` (each
-  task's events, and the notices that cross processes).
+  task's events, and the notices that cross processes); :class:`TaskEvents` is a task's
+  record and its log.
 - :class:`ObjectStore`: the OpenAI-compatible APIs' objects, blobs and parts.
 - :class:`Outbox`: webhook deliveries.
 - :class:`Liveness`: worker registrations and named leases.
@@ -22,7 +23,7 @@ from ponder.store.contract.liveness import Liveness
 from ponder.store.contract.objects import ObjectStore
 from ponder.store.contract.outbox import Outbox
 from ponder.store.contract.ratelimits import RateLimits
-from ponder.store.contract.tasks import EventLog, TaskQueue, TaskRecords, WorkQueue
+from ponder.store.contract.tasks import EventLog, TaskEvents, TaskQueue, TaskRecords, WorkQueue
 
 __all__ = [
     "EventLog",
@@ -31,6 +32,7 @@ __all__ = [
     "ObjectStore",
     "Outbox",
     "RateLimits",
+    "TaskEvents",
     "TaskQueue",
     "TaskRecords",
     "WorkQueue",

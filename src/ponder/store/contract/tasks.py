@@ -1,7 +1,8 @@
 """The task side of the store: records, the work queue, and the logs readers follow.
 
 :class:`TaskQueue` is the three together (:class:`TaskRecords`, :class:`WorkQueue`,
-:class:`EventLog`): what the API and the workers share about tasks.
+:class:`EventLog`): what the API and the workers share about tasks; :class:`TaskEvents`
+is a task's record and its log.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from typing import Any, Protocol
 from ponder.store.records import Admission, Claim, Event, Notice
 from ponder.types import Task, TaskStatus
 
-__all__ = ["EventLog", "TaskQueue", "TaskRecords", "WorkQueue"]
+__all__ = ["EventLog", "TaskEvents", "TaskQueue", "TaskRecords", "WorkQueue"]
 
 
 class TaskRecords(Protocol):
@@ -179,6 +180,11 @@ class EventLog(Protocol):
         pass next. Waits up to ``block_ms`` for one when there are none (woken by the
         notice, not by polling). Recent notices are kept (about a thousand), so a reader
         that comes back after an outage reads what it missed."""
+
+
+class TaskEvents(TaskRecords, EventLog, Protocol):
+    """A task's record and its log: what following a task (the event routes) and running
+    one (a worker's task run) use."""
 
 
 class TaskQueue(TaskRecords, WorkQueue, EventLog, Protocol):
