@@ -247,14 +247,6 @@ def test_no_command_prints_a_traceback_for_a_configuration_error(
     assert done.stderr.startswith("error: invalid configuration: " if service else "error: ")
 
 
-def test_static_batches_must_fit_the_engine() -> None:
-    with pytest.raises(ConfigError, match="PONDER_ENGINE_MAX_ROWS"):
-        load_settings(batching="static", batch_max_size=8, batch_max_concurrent=3,
-                      engine_max_rows=16)  # fmt: skip
-    fits = load_settings(batching="static", batch_max_size=8, engine_max_rows=8)
-    assert fits.batching == "static"
-
-
 def test_the_default_engine_is_the_openvino_one(monkeypatch: pytest.MonkeyPatch) -> None:
     s = load_settings()
     assert (s.engine, s.model, s.engine_weights, s.engine_kv_tokens) == (

@@ -17,8 +17,9 @@ from typing import Any
 
 from ponder.batcher import DynamicBatcher
 from ponder.config import Settings
-from ponder.engines import create_engine
+from ponder.engines import BaseEngine, create_engine
 from ponder.enhance.mathverify import shutdown_pool
+from ponder.errors import ConfigError
 from ponder.openai.batch_feeder import BatchFeeder
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
@@ -42,6 +43,7 @@ class WorkerRuntime:
         self.batcher: DynamicBatcher | None = None
         runner: SampleRunner = self.engine
         if settings.batching == "static":
+            _check_batches_fit(self.engine, settings)
             self.batcher = DynamicBatcher.from_settings(self.engine, settings)
             runner = self.batcher
         self.webhooks = WebhookSender(store, settings)
@@ -103,3 +105,17 @@ class WorkerRuntime:
             # re-raises SIGTERM after its graceful shutdown), and the pool's semaphores
             # would be left to the resource tracker, which warns of them as leaked.
             await asyncio.to_thread(shutdown_pool)
+
+
+def _check_batches_fit(engine: BaseEngine, settings: Settings) -> None:
+    """ConfigError when a static batcher's batches can hold more rows than the engine runs
+    at once (an engine with no cap of its own, such as openai's server, takes any)."""
+    rows = settings.batch_max_size * settings.batch_max_concurrent
+    if engine.max_rows is not None and rows > engine.max_rows:
+        raise ConfigError(
+            f"static batching runs up to {rows} rows at once (PONDER_BATCH_MAX_SIZE "
+            f"{settings.batch_max_size} x PONDER_BATCH_MAX_CONCURRENT "
+            f"{settings.batch_max_concurrent}), more than the engine takes "
+            f"(PONDER_ENGINE_MAX_ROWS {engine.max_rows}): raise PONDER_ENGINE_MAX_ROWS or "
+            "lower the batch size"
+        )

@@ -16,15 +16,10 @@ import uvloop
 
 from ponder.cli.base import EXIT_USAGE, err_console, settings_and_logging
 from ponder.config import Settings
+from ponder.engines import describe_engine
 from ponder.errors import ConfigError
 
 __all__ = ["api", "run_worker", "serve", "worker"]
-
-
-def _engine_line(settings: Settings) -> str:
-    if settings.engine in ("openvino", "transformers"):
-        return f"{settings.engine} ({settings.model}, {settings.engine_threads} thread(s))"
-    return settings.engine
 
 
 def _listen(settings: Settings) -> socket.socket:
@@ -63,7 +58,7 @@ def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
     store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{host}:{port} — store: {store}; "
-        f"engine: {_engine_line(settings) if workers else '(none: api only)'}"
+        f"engine: {describe_engine(settings) if workers else '(none: api only)'}"
     )
     log_level = settings.log_level.lower()
     grace = int(settings.shutdown_grace_s) + 1

@@ -32,17 +32,6 @@ def _buffer_holds_a_batch(s: Settings) -> Iterator[str]:
         )
 
 
-def _static_batches_fit_the_engine(s: Settings) -> Iterator[str]:
-    rows = s.batch_max_size * s.batch_max_concurrent
-    if s.batching == "static" and s.engine != "openai" and rows > s.engine_max_rows:
-        yield (
-            f"static batching runs up to {rows} rows at once (PONDER_BATCH_MAX_SIZE "
-            f"{s.batch_max_size} x PONDER_BATCH_MAX_CONCURRENT {s.batch_max_concurrent}), more "
-            f"than the engine takes (PONDER_ENGINE_MAX_ROWS {s.engine_max_rows}): raise "
-            "PONDER_ENGINE_MAX_ROWS or lower the batch size"
-        )
-
-
 def _batch_wait_under_sample_timeouts(s: Settings) -> Iterator[str]:
     mode, config = min(s.modes.items(), key=lambda item: item[1].sample_timeout_s)
     var, wait_ms = (
@@ -95,7 +84,6 @@ def _limits_fit_in_a_body(s: Settings) -> Iterator[str]:
 CROSS_FIELD_CHECKS: list[Callable[[Settings], Iterator[str]]] = [
     _heartbeat_inside_lease,
     _buffer_holds_a_batch,
-    _static_batches_fit_the_engine,
     _batch_wait_under_sample_timeouts,
     _mode_defaults_within_caps,
     _limits_fit_in_a_body,

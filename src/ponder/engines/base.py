@@ -137,6 +137,9 @@ class BaseEngine(ABC):
     name: str = ""
     #: the model name reported by ``/v1/models``
     model_name: str = ""
+    #: the rows it runs at once; None where it sets no cap of its own (the server behind
+    #: the openai engine has its own)
+    max_rows: int | None = None
 
     @abstractmethod
     async def submit(self, request: SampleRequest) -> SampleOutput:

@@ -148,7 +148,7 @@ class ContinuousEngine(BaseEngine, Generic[R]):
     ) -> None:
         if max_rows < 1:
             raise ConfigError(f"PONDER_ENGINE_MAX_ROWS must be at least 1, got {max_rows}")
-        self.max_rows = max_rows
+        self.max_rows: int = max_rows
         self.max_wait_s = max(0.0, max_wait_ms) / 1000
         self.preempt_after_s = max(0.0, preempt_after_ms) / 1000
         self.stats = EngineStats()
