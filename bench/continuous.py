@@ -232,12 +232,13 @@ async def saturated_rate(engine: object, rows: int, seconds: float, seed: str) -
 
 
 class Service:
-    """``create_app`` (API + worker runtime) served by uvicorn in this process."""
+    """``ponder serve``'s API and worker runtime served by uvicorn in this process."""
 
     def __init__(self, settings: Settings) -> None:
-        from ponder.api import create_app
+        from ponder.compose import all_in_one
 
-        self.app = create_app(settings, workers=1)
+        service = all_in_one(settings, workers=1)
+        self.app, self.runtime = service.app, service.runtime
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
         self.server = uvicorn.Server(config)
         self.task: asyncio.Task[None] | None = None
@@ -360,8 +361,7 @@ async def openai_section(base: Settings, tasks: int, delay_s: float) -> list[str
                 bodies = [{"prompt": f"q{i}", "mode": "fast"} for i in range(tasks)]
                 finals = await asyncio.gather(*(run_task(client, b) for b in bodies))
                 elapsed = time.monotonic() - started
-                runtime = service.app.state.runtime
-                engine_peak = runtime.engine.describe()["peak_in_flight"]
+                engine_peak = service.runtime.engine.describe()["peak_in_flight"]
                 async with httpx.AsyncClient() as raw:
                     after = (await raw.get(f"http://127.0.0.1:{port}/stats")).json()
             done = sum(f["status"] == "done" for _, f in finals)

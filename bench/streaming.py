@@ -47,7 +47,7 @@ os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 import httpx
 import uvicorn
 
-from ponder.api import create_app
+from ponder.compose import all_in_one
 from ponder.config import Settings, load_settings
 from ponder.engines.base import SampleOutput, SampleRequest
 
@@ -71,7 +71,8 @@ class Service:
 
     def __init__(self, settings: Settings) -> None:
         self.settings = settings
-        self.app = create_app(settings, workers=1)
+        service = all_in_one(settings, workers=1)
+        self.app, self.runtime = service.app, service.runtime
         config = uvicorn.Config(self.app, host="127.0.0.1", port=0, log_level="warning")
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, name="bench-service")
@@ -93,7 +94,7 @@ class Service:
 
     def time_first_tokens(self) -> tuple[dict[str, float], Callable[[], None]]:
         """Record each row's time from engine.submit to its first piece, by task id."""
-        engine = self.app.state.runtime.engine
+        engine = self.runtime.engine
         real_submit = engine.submit
         seen: dict[str, float] = {}
 

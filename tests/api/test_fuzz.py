@@ -21,16 +21,14 @@ from schemathesis.checks import not_a_server_error
 from schemathesis.python import asgi
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from ponder.api import create_app
 from ponder.api.deps import key_digest
-from tests.conftest import LiveServer, make_settings
+from tests.conftest import LiveServer, make_settings, serving_app
 
 KEY = "pk_fuzz_key"
 AUTH = {"Authorization": f"Bearer {KEY}"}
 
-app = create_app(
-    make_settings(sqlite_path=":memory:", api_keys=[key_digest(KEY)], node_id="fuzz"),
-    workers=1,
+app = serving_app(
+    make_settings(sqlite_path=":memory:", api_keys=[key_digest(KEY)], node_id="fuzz"), 1
 )
 schema = schemathesis.openapi.from_dict(app.openapi())
 schema.app = app

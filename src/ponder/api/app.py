@@ -118,15 +118,8 @@ def create_app(
         path_limits={"/v1/files": settings.files_max_bytes + 65_536},
     )
     app.add_middleware(StartupErrors, state=app.state)
-    app.include_router(tasks.router)
-    app.include_router(events.router)
-    app.include_router(openai_compat.router)
-    app.include_router(responses.router)
-    app.include_router(files.router)
-    app.include_router(batches.router)
-    app.include_router(ops.router)
-    app.include_router(overview.router)
-    app.include_router(console.router)
+    for routes in (tasks, events, openai_compat, responses, files, batches, ops, overview, console):
+        app.include_router(routes.router)
     return app
 
 

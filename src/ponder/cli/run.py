@@ -9,15 +9,18 @@ import logging
 import signal
 import socket
 from collections.abc import Callable
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvloop
 
-from ponder.cli.base import EXIT_USAGE, err_console, settings_and_logging
+from ponder.cli.base import err_console, fail, settings_and_logging
 from ponder.config import Settings
 from ponder.engines import describe_engine
 from ponder.errors import ConfigError
+
+if TYPE_CHECKING:
+    from fastapi import FastAPI
 
 __all__ = ["api", "run_worker", "serve", "worker"]
 
@@ -30,24 +33,31 @@ def _listen(settings: Settings) -> socket.socket:
         return socket.create_server((settings.host, settings.port), family=family, backlog=2048)
     except OSError as e:
         why = (e.strerror or str(e)).split(" (while attempting", 1)[0]  # create_server's addition
-        err_console.print(
-            f"[red]error:[/red] cannot listen on {settings.host}:{settings.port} ({why}): "
-            "give a free port with --port or PONDER_PORT (and an address of this machine "
-            "with --host or PONDER_HOST)"
-        )
-        raise typer.Exit(EXIT_USAGE) from None
+        raise fail(
+            f"cannot listen on {settings.host}:{settings.port} ({why}): give a free port with "
+            "--port or PONDER_PORT (and an address of this machine with --host or PONDER_HOST)"
+        ) from None
 
 
 def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
-    """Serve the API on the listening socket: in this process, or in ``processes`` API
-    processes sharing it (uvicorn's supervisor: each imports
-    ``create_app_from_environment``; a child that dies is replaced)."""
-    import uvicorn
+    """Serve the API on the listening socket: in this process (with ``workers`` worker
+    loops, as ``ponder serve``), or in ``processes`` API processes sharing it (uvicorn's
+    supervisor: each imports ``create_app_from_environment``; a child that dies is
+    replaced)."""
+    listener = _listen(settings)
+    url = _announce(settings, listener, workers)
+    log_level, grace = settings.log_level.lower(), int(settings.shutdown_grace_s) + 1
+    if processes > 1:
+        _serve_processes(listener, processes, url, log_level, grace)
+    else:
+        _serve_here(listener, _application(settings, workers), url, log_level, grace)
 
-    from ponder.api import create_app
+
+def _announce(settings: Settings, listener: socket.socket, workers: int) -> str:
+    """Say where the service listens, on what store and engine (and that auth is off
+    where it is); the service's URL."""
     from ponder.store import create_store
 
-    listener = _listen(settings)
     port = listener.getsockname()[1]  # the one picked when PONDER_PORT is 0
     host = f"[{settings.host}]" if ":" in settings.host else settings.host
     if not settings.api_keys:
@@ -60,53 +70,50 @@ def _serve_http(settings: Settings, workers: int, processes: int = 1) -> None:
         f"ponder on http://{host}:{port} — store: {store}; "
         f"engine: {describe_engine(settings) if workers else '(none: api only)'}"
     )
-    log_level = settings.log_level.lower()
-    grace = int(settings.shutdown_grace_s) + 1
-    if processes > 1:
-        _serve_processes(listener, processes, f"http://{host}:{port}", log_level, grace)
-        return
-    if workers:
-        from ponder.compose import all_in_one
+    return f"http://{host}:{port}"
 
-        try:
-            application = all_in_one(settings, workers=workers).app
-        except ConfigError as e:
-            err_console.print(f"[red]error:[/red] {e}")
-            raise typer.Exit(EXIT_USAGE) from None
-    else:
-        application = create_app(settings)
+
+def _application(settings: Settings, workers: int) -> FastAPI:
+    """``ponder serve``'s API and worker runtime, or with no workers the API alone."""
+    if not workers:
+        from ponder.api import create_app
+
+        return create_app(settings)
+    from ponder.compose import all_in_one
+
+    try:
+        return all_in_one(settings, workers=workers).app
+    except ConfigError as e:
+        raise fail(str(e)) from None
+
+
+def _serve_here(
+    listener: socket.socket, application: FastAPI, url: str, log_level: str, grace: int
+) -> None:
+    import uvicorn
 
     class Server(uvicorn.Server):
         async def startup(self, sockets: list[socket.socket] | None = None) -> None:
             await super().startup(sockets=sockets)
             # uvicorn says this only of sockets it binds itself
             logging.getLogger("uvicorn.error").info(
-                "Uvicorn running on http://%s:%d (Press CTRL+C to quit)", host, port
+                "Uvicorn running on %s (Press CTRL+C to quit)", url
             )
 
-    server = Server(
-        uvicorn.Config(
-            application,
-            host=settings.host,
-            port=port,
-            log_level=log_level,
-            timeout_graceful_shutdown=grace,
-        )
-    )
+    config = uvicorn.Config(application, log_level=log_level, timeout_graceful_shutdown=grace)
     # uvicorn re-raises the signal it stopped on once it has shut down (as uvicorn.run):
     # SIGINT as KeyboardInterrupt, SIGTERM through this handler, so both end with code 0
     signal.signal(signal.SIGTERM, _terminated)
     try:
         with listener:
-            server.run(sockets=[listener])
+            Server(config).run(sockets=[listener])
     except (KeyboardInterrupt, _Terminated):
         pass
     except SystemExit:  # uvicorn's exit when the start-up failed
         error = getattr(application.state, "startup_error", None)
         if error is None:
             raise
-        err_console.print(f"[red]error:[/red] {error}")
-        raise typer.Exit(EXIT_USAGE) from None
+        raise fail(str(error)) from None
 
 
 class _Terminated(Exception):
@@ -138,8 +145,7 @@ def _serve_processes(
     with listener:
         supervisor.run()
     if any(p.exitcode == STARTUP_FAILURE for p in supervisor.processes):
-        err_console.print("[red]error:[/red] an API process failed to start (its log is above)")
-        raise typer.Exit(1)
+        raise fail("an API process failed to start (its log is above)", 1)
 
 
 def serve(
@@ -175,11 +181,10 @@ def api(
     """The API only; workers run elsewhere (`ponder worker`) over the same Redis."""
     settings = settings_and_logging(host=host, port=port)
     if not settings.redis_url:
-        err_console.print(
-            "[red]error:[/red] `ponder api` needs PONDER_REDIS_URL (workers must share the "
-            "store); use `ponder serve` for one process"
+        raise fail(
+            "`ponder api` needs PONDER_REDIS_URL (workers must share the store); use "
+            "`ponder serve` for one process"
         )
-        raise typer.Exit(EXIT_USAGE)
     _serve_http(settings, workers=0, processes=processes)
 
 
@@ -202,16 +207,13 @@ def worker(
     """
     settings = settings_and_logging(metrics_port=metrics_port)
     if not settings.redis_url:
-        err_console.print(
-            "[red]error:[/red] `ponder worker` needs PONDER_REDIS_URL; "
-            "use `ponder serve` for the embedded store"
+        raise fail(
+            "`ponder worker` needs PONDER_REDIS_URL; use `ponder serve` for the embedded store"
         )
-        raise typer.Exit(EXIT_USAGE)
     try:
         uvloop.run(run_worker(settings, workers))  # as uvicorn runs the API's loop
     except ConfigError as e:
-        err_console.print(f"[red]error:[/red] {e}")
-        raise typer.Exit(EXIT_USAGE) from e
+        raise fail(str(e)) from e
 
 
 def _serve_metrics(settings: Settings) -> Callable[[], None] | None:

@@ -1,7 +1,7 @@
 """Settings: read from the environment (prefix ``PONDER_``) in this package only.
 
-Every field has a default and a description (:mod:`.settings`); cross-field checks say
-what to change (:mod:`.checks`); the modes' defaults and caps are :mod:`.modes`.
+Every field has a default and a description, and cross-field checks say what to change
+(:mod:`.settings`); the modes' defaults and caps are :mod:`.modes`.
 :func:`load_settings` turns what is wrong into one line per problem. The SDK's and the
 command line's own variables (``PONDER_URL``, ``PONDER_API_KEY``) are read here too
 (:func:`client_environment`).
@@ -17,7 +17,6 @@ from typing import Any
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
-from ponder.config.checks import CONFLICT, CROSS_FIELD_CHECKS
 from ponder.config.modes import (
     AUTO_TARGET,
     AUTO_VOTE_TARGET,
@@ -26,7 +25,7 @@ from ponder.config.modes import (
     ModeConfig,
     default_modes,
 )
-from ponder.config.settings import Settings
+from ponder.config.settings import CONFLICT, CROSS_FIELD_CHECKS, Settings
 from ponder.errors import ConfigError
 
 __all__ = [

@@ -8,7 +8,7 @@ retry of one event, so receivers de-duplicate on it), ``webhook-timestamp`` and
 Signing and verification use the ``standardwebhooks`` package (the reference
 implementation of the spec), so a receiver may verify with it or with :func:`verify`.
 
-Delivery goes through a durable outbox (:mod:`ponder.outbox`): the task write that
+Delivery goes through a durable outbox (:mod:`ponder.store.deliveries`): the task write that
 causes a webhook also stores it, and :class:`WebhookSender`, the delivery loop every
 worker process runs, sends it on the retry schedule, recording every attempt on the task
 (``task.callback.deliveries``). Delivery is at least once, de-duplicated by
@@ -27,7 +27,7 @@ Receivers::
     payload = verify(request.headers, raw_body, "whsec_...")  # raises if forged
 """
 
-from ponder.outbox import EVENTS, terminal_event, webhook_id
+from ponder.store.deliveries import EVENTS, terminal_event, webhook_id
 from ponder.webhooks.delivery import WebhookSender
 from ponder.webhooks.guard import check_callback_url
 from ponder.webhooks.signing import (

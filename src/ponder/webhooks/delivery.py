@@ -1,7 +1,7 @@
 """Webhook delivery: the loop that sends the outbox's due webhooks and records them.
 
 :class:`WebhookSender`, the delivery loop every worker process runs, claims due entries
-of the durable outbox (:mod:`ponder.outbox`) under a lease, checks each URL again
+of the durable outbox (:mod:`ponder.store.deliveries`) under a lease, checks each URL again
 (:mod:`ponder.webhooks.guard`), POSTs the signed body (:mod:`ponder.webhooks.signing`)
 and ends the entry or schedules its next attempt, recording every attempt on the task
 (``task.callback.deliveries``). A task's webhooks go out one at a time, in order.
@@ -16,16 +16,16 @@ import logging
 import random
 from collections import Counter
 from collections.abc import Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import httpx
 
 from ponder import metrics
 from ponder.aio import cancel_and_wait
 from ponder.errors import RecoverableError
-from ponder.outbox import PRELIMINARY, OutboxEntry, webhook_id
 from ponder.states import is_terminal
-from ponder.store.base import HostRoom, Notice
+from ponder.store.base import HostRoom, Liveness, Notice, Outbox, TaskEvents
+from ponder.store.deliveries import PRELIMINARY, OutboxEntry, webhook_id
 from ponder.types import CallbackInfo, Delivery, Task, utcnow
 from ponder.version import __version__
 from ponder.webhooks.guard import check_callback_url
@@ -33,11 +33,16 @@ from ponder.webhooks.signing import signed_headers
 
 if TYPE_CHECKING:
     from ponder.config import Settings
-    from ponder.store.base import TaskStore
 
-__all__ = ["WebhookSender"]
+__all__ = ["SenderStore", "WebhookSender"]
 
 log = logging.getLogger("ponder.webhooks")
+
+
+class SenderStore(TaskEvents, Outbox, Liveness, Protocol):
+    """What delivery uses of the store: the outbox, the tasks' records (each delivery is
+    recorded on its task) and notices, and the delivery loop's lease."""
+
 
 _CAS_RETRIES = 20
 _ERROR_SNIPPET = 200
@@ -55,7 +60,7 @@ class WebhookSender:
     """The delivery loop of one process: sends the outbox's due webhooks on schedule.
 
     :meth:`start` begins two background tasks, owned here and ended by :meth:`close`:
-    one claims due entries (:meth:`~ponder.store.base.TaskStore.claim_deliveries`, under
+    one claims due entries (:meth:`~ponder.store.contract.Outbox.claim_deliveries`, under
     a lease) and sends each in a task of its own, at most ``webhook_max_in_flight`` at
     once and ``webhook_max_per_host`` to one host; the other waits for
     :attr:`~ponder.store.base.Notice.outbox`, so that a new entry goes out at once.
@@ -73,7 +78,7 @@ class WebhookSender:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: SenderStore,
         settings: Settings,
         client: httpx.AsyncClient | None = None,
     ) -> None:

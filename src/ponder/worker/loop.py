@@ -16,7 +16,7 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from ponder import metrics
 from ponder.aio import cancel_and_wait
@@ -25,7 +25,7 @@ from ponder.deltas import FOLLOW_TTL_S
 from ponder.errors import EngineDeadError, RecoverableError
 from ponder.scheduling import WeightedFairPicker
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Notice, TaskStore
+from ponder.store.base import Claim, Liveness, Notice, TaskQueue
 from ponder.worker.task_run import BACKOFF_MAX_S, SampleRunner, TaskRun
 
 __all__ = ["Worker"]
@@ -50,6 +50,11 @@ class _InFlight:
     cancelled: bool = False
 
 
+class WorkerStore(TaskQueue, Liveness, Protocol):
+    """What a worker uses of the store: the queue, the records and events (its task runs'),
+    and its registration as a live worker."""
+
+
 class Worker:
     """Claims and runs tasks until stopped.
 
@@ -59,8 +64,8 @@ class Worker:
     cancelled and their queue entries released for another worker (their finished samples
     are kept).
 
-    Takeover: each claim call first takes over (:meth:`TaskStore.reclaim`, at most once a
-    second) as many entries as the worker has free slots: every entry of a worker whose
+    Takeover: each claim call first takes over (``reclaim``, at most once a second) as
+    many entries as the worker has free slots: every entry of a worker whose
     registration is older than the lease, and entries whose lease lapsed.
 
     No store error ends the worker: an unreachable store, lost keys or lost consumer
@@ -70,7 +75,7 @@ class Worker:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: WorkerStore,
         runner: SampleRunner,
         settings: Settings,
         *,

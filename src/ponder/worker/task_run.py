@@ -23,7 +23,7 @@ from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.enhance.strategy import StopReason, Strategy, create_strategy
 from ponder.errors import EngineBusy, EngineDeadError, EngineError, StoreUnavailable
 from ponder.states import check_transition, is_terminal
-from ponder.store.base import Claim, TaskStore
+from ponder.store.base import Claim, TaskEvents
 from ponder.types import (
     EventName,
     Sample,
@@ -69,7 +69,7 @@ class TaskRun:
 
     def __init__(
         self,
-        store: TaskStore,
+        store: TaskEvents,
         runner: SampleRunner,
         settings: Settings,
         claim: Claim,
