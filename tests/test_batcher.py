@@ -215,7 +215,6 @@ def test_from_settings() -> None:
     assert batcher._picker.quotas == (6, 5, 4, 3, 2, 1)
 
 
-
 async def test_lifecycle_errors(make: Make) -> None:
     batcher = make(FakeEngine())
     with pytest.raises(RuntimeError, match="start"):
