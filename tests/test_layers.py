@@ -4,7 +4,8 @@ the units of one layer know nothing of each other; no module imports another in 
 
 Every import counts: at the top of a module, inside a function and under
 ``TYPE_CHECKING``. A module of ``src/ponder`` that no unit covers fails the test: a new
-module takes its place in the building here (and in the document).
+module takes its place in the building here (and in the document). And no module is over
+600 lines, no function over 60.
 """
 
 from __future__ import annotations
@@ -172,6 +173,24 @@ def test_the_api_knows_nothing_of_workers_or_engines() -> None:
         if unit_of(target) in _WORKER_SIDE
     ]
     assert not found, "the API imports the worker side:\n" + "\n".join(found)
+
+
+#: what a newcomer can read in one sitting (issue #44)
+MAX_MODULE_LINES, MAX_FUNCTION_LINES = 600, 60
+
+
+def test_no_module_or_function_is_too_long_to_read() -> None:
+    long = []
+    for path in MODULES.values():
+        text = path.read_text(encoding="utf-8")
+        if (lines := len(text.splitlines())) > MAX_MODULE_LINES:
+            long.append(f"{path.relative_to(PACKAGE)}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef):
+                size = (node.end_lineno or node.lineno) - node.lineno + 1
+                if size > MAX_FUNCTION_LINES:
+                    long.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: {node.name}, {size}")
+    assert not long, "split these (at most 600 lines a module, 60 a function):\n" + "\n".join(long)
 
 
 def test_only_the_api_and_what_composes_it_import_the_web_framework() -> None:
