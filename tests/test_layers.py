@@ -29,6 +29,7 @@ PACKAGE = Path(ponder.__file__).parent
 #: ``__init__``, holds only itself)
 LAYERS: list[tuple[str, tuple[str, ...]]] = [
     ("leaves", ("ponder.version", "ponder.errors", "ponder.ids", "ponder.aio", "ponder.metrics",
+                "ponder.schema_subset",
                 "ponder.status", "ponder.enhance.fences")),
     ("the vocabulary", ("ponder.types", "ponder.scheduling")),
     ("rules of the vocabulary", ("ponder.states", "ponder.schemas",

@@ -10,15 +10,20 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ponder.schema_subset import check_schema
 
 __all__ = [
     "DEFAULT_MODE",
     "CallbackInfo",
     "Delivery",
     "EventName",
+    "FieldVote",
+    "JsonSchemaFormat",
     "Mode",
     "ReasoningPath",
+    "ResponseFormat",
     "Result",
     "Sample",
     "SampleStatus",
@@ -137,6 +142,21 @@ class Sample(BaseModel):
     #: the sandbox that ran the sample's program or tests: ``bwrap`` (namespaces) or
     #: ``rlimits`` (best effort); None when nothing ran
     isolation: Literal["bwrap", "rlimits"] | None = None
+    #: a structured task (``response_format``): the sample's output parsed as JSON when it
+    #: is valid for the schema (it votes), else None and ``schema_error`` says why
+    object: dict[str, Any] | None = None
+    schema_error: str | None = None
+
+
+class FieldVote(BaseModel):
+    """One leaf of a structured result: the value voted for it, the votes each value got
+    (by its display), the winner's share of the valid samples and the calibrated
+    probability that it is right."""
+
+    value: Any
+    votes: dict[str, int]
+    agreement: float
+    confidence: float
 
 
 class Result(BaseModel):
@@ -161,6 +181,13 @@ class Result(BaseModel):
     #: ``max_total_tokens`` ended it with the best answer so far), ``complete`` (every
     #: planned sample ran), ``deadline`` (the task's time ran out); None while running
     stop_reason: Literal["confident", "decided", "budget", "complete", "deadline"] | None = None
+    #: a structured task: the answer as a JSON object (``answer`` holds its JSON text),
+    #: each leaf's vote by its path (``customer.name``, ``items[0].price``), and how the
+    #: object was made: ``fields`` (leaf by leaf) or ``sample`` (the best whole valid
+    #: sample, where the leaf-wise object would not validate); None otherwise
+    object: dict[str, Any] | None = None
+    fields: dict[str, FieldVote] | None = None
+    object_from: Literal["fields", "sample"] | None = None
 
 
 class Usage(BaseModel):
@@ -180,6 +207,50 @@ class Delivery(BaseModel):
 class CallbackInfo(BaseModel):
     url: str
     deliveries: list[Delivery] = Field(default_factory=list)
+
+
+class JsonSchemaFormat(BaseModel):
+    """``response_format.json_schema``, as OpenAI's chat API takes it."""
+
+    model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
+
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    description: str | None = Field(default=None, max_length=2000)
+    #: the JSON Schema (``schema`` on the wire: the attribute name is BaseModel's)
+    schema_: dict[str, Any] = Field(alias="schema")
+    #: ask the engine to constrain decoding to the schema (docs/structured.md: which can)
+    strict: bool = False
+
+    @field_validator("schema_")
+    @classmethod
+    def _in_the_subset(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_schema(value)
+        return value
+
+
+class ResponseFormat(BaseModel):
+    """A task's output format: ``{"type": "json_schema", "json_schema": {...}}`` (an
+    object valid for that schema) or ``{"type": "json_object"}`` (any JSON object)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["json_schema", "json_object"]
+    json_schema: JsonSchemaFormat | None = None
+
+    @model_validator(mode="after")
+    def _schema_with_its_type(self) -> ResponseFormat:
+        if (self.type == "json_schema") != (self.json_schema is not None):
+            raise ValueError('give "json_schema" with "type": "json_schema" (and only then)')
+        return self
+
+    def answer_schema(self) -> dict[str, Any]:
+        """The schema every answer must be valid for (any object for ``json_object``)."""
+        return self.json_schema.schema_ if self.json_schema is not None else {"type": "object"}
+
+    @property
+    def strict(self) -> bool:
+        """Whether the caller asked for decoding constrained to the schema."""
+        return self.json_schema is not None and self.json_schema.strict
 
 
 class Task(BaseModel):
@@ -224,6 +295,8 @@ class Task(BaseModel):
     #: (None: no budget beyond the plan and max_new_tokens per sample)
     max_samples: int | None = None
     max_total_tokens: int | None = None
+    #: a structured task: the JSON its answers must be (docs/structured.md); None: prose
+    response_format: ResponseFormat | None = None
     attempts: int = 0
 
     # --- never shown to clients

@@ -78,6 +78,11 @@ class SampleRequest:
     #: someone follows the text now: an engine that must ask for a streamed answer to feed
     #: ``on_text`` (the openai engine) does so only then
     stream: bool = True
+    #: a structured task's schema (ponder.schema_subset): the row's text must be a JSON
+    #: object valid for it; an engine that can constrain decoding does (``strict``: the
+    #: caller asked for it), the others leave it to the vote's validation (docs/structured.md)
+    json_schema: dict[str, Any] | None = None
+    strict: bool = False
     #: set once, under ``_lock``, by :meth:`cancel` (a plain flag: a ``threading.Event``
     #: per row cost more to make than the rest of the request; nothing waits on it)
     _cancelled: bool = field(default=False, init=False, repr=False)
