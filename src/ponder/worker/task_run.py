@@ -390,6 +390,8 @@ class TaskRun:
             timeout_s=task.sample_timeout_s,
             on_text=self._deltas.writer(sample.index),
             stream=self._deltas.followed,
+            json_schema=fmt.answer_schema() if (fmt := task.response_format) else None,
+            strict=fmt.strict if fmt else False,
         )
         self._rows[sample.index] = request
         started = time.monotonic()
