@@ -93,6 +93,7 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         max_samples=req.max_samples,
         max_total_tokens=req.max_total_tokens,
         metadata=req.metadata,
+        response_format=req.response_format.format() if req.response_format else None,
         callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
         owner=owner,
     )

@@ -5,7 +5,9 @@ on the settings are checked by :func:`ponder.admission.build_task`.
 an error that names it (and the field meant, when one is close: ``max_tokens`` →
 ``max_new_tokens``); types are not coerced (no ``true`` for an integer, no ``"3"`` for a
 number); NaN and Infinity are refused anywhere, metadata included; a prompt must have a
-non-blank character; a callback URL has no user info and a real port. The SDK validates
+non-blank character; a callback URL has no user info and a real port; a
+``response_format`` schema is valid JSON Schema inside the subset of
+:mod:`ponder.schema_subset` (the error names the part). The SDK validates
 its submits with the same model, so both answer the same error. The OpenAI-compatible
 routes have their own, lenient models (:mod:`ponder.openai`), which become this one.
 """
@@ -22,11 +24,12 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
-from ponder.types import DEFAULT_MODE, Mode, TaskType
+from ponder.types import DEFAULT_MODE, JsonSchemaFormat, Mode, ResponseFormat, TaskType
 
 __all__ = [
     "ChatMessage",
     "ModeField",
+    "ResponseFormatBody",
     "StrictBody",
     "TaskCreate",
     "TaskTypeField",
@@ -104,6 +107,39 @@ class ChatMessage(StrictBody):
     name: str | None = Field(default=None, max_length=256)
 
 
+def _finite_json(value: Any) -> None:
+    """ValueError naming the first NaN or Infinity inside a JSON value."""
+    path = _non_finite(value)
+    if path is not None:
+        raise ValueError(f"`{path.lstrip('.')}` is NaN or Infinity, which JSON has no number for")
+
+
+class _JsonSchemaBody(JsonSchemaFormat):
+    """``response_format.json_schema`` in a request: as :class:`JsonSchemaFormat`, strict
+    (no coercion, ``schema`` by that name only, no NaN inside it)."""
+
+    model_config = ConfigDict(strict=True, validate_by_name=False, allow_inf_nan=False)
+
+    @field_validator("schema_", mode="before")
+    @classmethod
+    def _finite_schema(cls, value: Any) -> Any:
+        _finite_json(value)
+        return value
+
+
+class ResponseFormatBody(ResponseFormat):
+    """A request's ``response_format`` (:class:`~ponder.types.ResponseFormat`, strict);
+    :meth:`format` is the task's."""
+
+    model_config = ConfigDict(strict=True)
+
+    json_schema: _JsonSchemaBody | None = None
+
+    def format(self) -> ResponseFormat:
+        """The same format as the task stores it."""
+        return ResponseFormat.model_validate(self.model_dump(by_alias=True))
+
+
 class TaskCreate(StrictBody):
     """A task request (``POST /v1/tasks``). Caps that depend on the configured mode are
     checked by :func:`ponder.admission.build_task`."""
@@ -143,6 +179,12 @@ class TaskCreate(StrictBody):
         "it is spent, with the best answer so far",
     )
     metadata: dict[str, Any] = Field(default_factory=dict)
+    response_format: ResponseFormatBody | None = Field(
+        default=None,
+        description='structured answers: {"type": "json_schema", "json_schema": {"name", '
+        '"schema", "strict"}} (an object valid for the schema) or {"type": "json_object"} '
+        "(docs/structured.md)",
+    )
 
     @model_validator(mode="after")
     def _one_input(self) -> TaskCreate:
@@ -178,10 +220,7 @@ class TaskCreate(StrictBody):
     @field_validator("metadata")
     @classmethod
     def _finite(cls, value: dict[str, Any]) -> dict[str, Any]:
-        path = _non_finite(value)
-        if path is not None:
-            where = path.lstrip(".")
-            raise ValueError(f"`{where}` is NaN or Infinity, which JSON has no number for")
+        _finite_json(value)
         return value
 
     def body_hash(self) -> str:
