@@ -23,11 +23,12 @@ task's event log and answers in OpenAI's shape:
   - a task of one sample (fast mode, ``n`` = 1): its text is ``choices[0]``'s ``content``
     as it is written, and a last content chunk completes it to the final answer (the
     text of a sample is its answer);
-  - several samples (standard, deep, ``n`` > 1): the vote picks the answer only at the
-    end, so the text of the *leading* sample (the first to write) streams as
-    ``choices[0].delta.reasoning_content`` (the field reasoning servers use for text
-    that is not the answer), and ``content`` carries the fused answer in one chunk when
-    the vote is done — the concatenated ``content`` is exactly the non-streamed answer.
+  - several samples (standard, deep, ``n`` > 1), or a structured task
+    (``response_format``: its answer is the object the vote builds): the vote picks the
+    answer only at the end, so the text of the *leading* sample (the first to write)
+    streams as ``choices[0].delta.reasoning_content`` (the field reasoning servers use
+    for text that is not the answer), and ``content`` carries the fused answer in one
+    chunk when the vote is done — the concatenated ``content`` is exactly the non-streamed answer.
 
 Errors use OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``, which
 is also ponder's envelope (``code`` and ``message``). A client that disconnects before
@@ -125,6 +126,14 @@ class _LeadingSample:
         return piece
 
 
+def _streamed_field(task: Task) -> str:
+    """Where the leading sample's text streams: ``content`` when it is the answer (one
+    sample), else ``reasoning_content`` (several samples, or a structured task: the answer
+    is the object the vote builds; see the module doc)."""
+    single = task.samples_planned == 1 and task.response_format is None
+    return "content" if single else "reasoning_content"
+
+
 async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
                   owner: str) -> AsyncIterator[bytes]:  # fmt: skip
     head = {
@@ -135,8 +144,7 @@ async def _stream(state: AppState, task: Task, req: ChatCompletionRequest,
         "system_fingerprint": None,
     }
     finished = False
-    # one sample: its text is the answer; several: the leader's text is not (see the module doc)
-    field = "content" if task.samples_planned == 1 else "reasoning_content"
+    field = _streamed_field(task)
     leader = _LeadingSample()
 
     def chunk(index: int, delta: dict[str, Any], **extra: Any) -> bytes:

@@ -6,6 +6,9 @@ line's body) becomes a task, a task that ended becomes the ``chat.completion``.
   fewer than ``n``, they are reused in turn).
 - ``stop`` is passed to the engine, and each choice is cut at the first stop sequence.
 - a ``ponder`` field carries the task's ``result`` (plus ``task_id`` and ``status``).
+- ``response_format`` (``json_schema``, ``json_object``; ``text`` is none) is the task's:
+  ``choices[0].message.content`` is then the result's object as JSON text (the other
+  choices: each sample's object, or its text where it had none), never cut at a stop.
 - ``usage.prompt_tokens`` counts the prompt once whatever ``n`` and the mode;
   ``completion_tokens`` counts every sample's tokens (the work done for the answer).
 
@@ -14,6 +17,7 @@ The route, its streaming and waiting are :mod:`ponder.api.openai_compat`.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -21,10 +25,12 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from ponder.config import Settings
 from ponder.openai.common import (
     OpenAIError,
+    answer_text,
     invalid,
     mode_of,
     openai_usage,
     ponder_field,
+    response_format_of,
     served_model,
     task_request,
     text_of,
@@ -57,6 +63,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     stream: bool = False
     stream_options: dict[str, Any] | None = None
+    response_format: Any = None
     # ponder's extensions (the OpenAI SDK's ``extra_body``)
     mode: ModeField | None = None
     task_type: TaskTypeField = TaskType.auto
@@ -118,6 +125,7 @@ def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tup
         "max_samples": req.max_samples,
         "max_total_tokens": req.max_total_tokens,
         "stop": req.stops(),
+        "response_format": response_format_of(req.response_format, f"{prefix}response_format"),
     }
     return req, task_request(fields, prefix)
 
@@ -136,10 +144,16 @@ def completion_choices(task: Task, n: int, stops: list[str]) -> list[dict[str, A
     chosen = next((s for s in done if s.index == task.result.chosen_sample), None)
     order: list[Sample | None] = [chosen] + [s for s in done if s is not chosen]
     choices = []
+    structured = task.response_format is not None
     for i in range(n):
         sample = order[i % len(order)]
-        text = task.result.text if sample is None else sample.text or ""
-        text, stopped = _cut(text, stops)
+        if i == 0 and structured:
+            text, stopped = answer_text(task), False  # the object: never cut
+        elif sample is not None and sample.object is not None:
+            text, stopped = json.dumps(sample.object, ensure_ascii=False), False
+        else:
+            text = task.result.text if sample is None else sample.text or ""
+            text, stopped = _cut(text, stops)
         finish = sample.finish_reason if sample is not None else "stop"
         choices.append(
             {

@@ -11,6 +11,7 @@ request → task code as the routes. Errors use OpenAI's shape,
 from __future__ import annotations
 
 import functools
+import json
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, ParamSpec, TypeVar
 
@@ -19,11 +20,12 @@ from pydantic import ValidationError
 from ponder import admission
 from ponder.config import SERVED_MODELS, Settings
 from ponder.errors import AdmissionError, Refusal
-from ponder.schemas import TaskCreate
+from ponder.schemas import ResponseFormatBody, TaskCreate
 from ponder.types import DEFAULT_MODE, Mode, Task, TaskStatus
 
 __all__ = [
     "OpenAIError",
+    "answer_text",
     "check_metadata",
     "check_webhook_url",
     "failure",
@@ -34,6 +36,7 @@ __all__ = [
     "openai_shaped",
     "openai_usage",
     "ponder_field",
+    "response_format_of",
     "served_model",
     "submit",
     "task_request",
@@ -221,6 +224,45 @@ submit = openai_shaped(admission.submit)
 #: a webhook URL a request names: signing configured, a public host
 #: (:func:`ponder.admission.check_callback`; its ``param`` names the field)
 check_webhook_url = openai_shaped(admission.check_callback)
+
+
+def response_format_of(value: Any, param: str, *, flat: bool = False) -> ResponseFormatBody | None:
+    """OpenAI's format of the answer as a task's ``response_format``: chat's
+    ``response_format`` (``{"type": "json_schema", "json_schema": {...}}``,
+    ``{"type": "json_object"}``) or, ``flat``, the Responses API's ``text.format`` (the
+    json_schema's ``name``, ``schema``, ``strict``, ``description`` beside ``type``). None
+    for none or ``{"type": "text"}``. 422 ``invalid`` with ``param`` (where the format
+    sits) for anything else, its message naming the part (the schema subset's path)."""
+    if value is None or (isinstance(value, dict) and value.get("type") == "text"):
+        return None
+    if not isinstance(value, dict):
+        raise OpenAIError(422, "invalid", f"{param}: give an object with a `type`", param=param)
+    body = value
+    if flat and value.get("type") == "json_schema":
+        body = {
+            "type": "json_schema",
+            "json_schema": {k: v for k, v in value.items() if k != "type"},
+        }
+    try:
+        return ResponseFormatBody.model_validate(body)
+    except ValidationError as e:
+        problems = []
+        for error in e.errors()[:5]:
+            loc = [str(p) for p in error["loc"]]
+            if flat and loc[:1] == ["json_schema"]:
+                loc = loc[1:]
+            message = str(error["msg"]).removeprefix("Value error, ")
+            problems.append(f"{'.'.join([param, *loc])}: {message}")
+        raise OpenAIError(422, "invalid", "; ".join(problems), param=param) from e
+
+
+def answer_text(task: Task) -> str:
+    """The text of a task's answer: a structured task's object as JSON text, else the
+    result's text (the text of the sample the vote chose)."""
+    assert task.result is not None
+    if task.result.object is not None:
+        return json.dumps(task.result.object, ensure_ascii=False)
+    return task.result.text
 
 
 def task_request(fields: Mapping[str, Any], prefix: str = "") -> TaskCreate:

@@ -8,7 +8,10 @@ A response is a task: ``resp_<task id>``. Its status maps from the task's: ``pen
 ``failed`` (``error``), ``cancelled`` → ``cancelled``. ``output`` is the fused answer as one
 assistant message, ``usage`` counts the prompt once and every sample's output tokens
 (:func:`~ponder.openai.common.openai_usage`), and a ``ponder`` field carries the vote (as
-on the chat route). The routes are :mod:`ponder.api.responses`.
+on the chat route). ``text.format`` (``json_schema`` with its ``name``, ``schema``,
+``strict`` beside ``type``, or ``json_object``) is the task's ``response_format``: the
+output text is then the result's object as JSON text, and the response echoes the format.
+The routes are :mod:`ponder.api.responses`.
 """
 
 from __future__ import annotations
@@ -21,16 +24,18 @@ from ponder.config import Settings
 from ponder.openai.batches import usage_object
 from ponder.openai.common import (
     OpenAIError,
+    answer_text,
     check_metadata,
     invalid,
     mode_of,
     openai_usage,
     ponder_field,
+    response_format_of,
     served_model,
     task_request,
     text_of,
 )
-from ponder.schemas import ModeField, TaskCreate, TaskTypeField
+from ponder.schemas import ModeField, ResponseFormatBody, TaskCreate, TaskTypeField
 from ponder.states import is_terminal
 from ponder.store.base import Event
 from ponder.types import EventName, Task, TaskStatus, TaskType
@@ -80,6 +85,7 @@ class ResponseCreateRequest(BaseModel):
     store: bool = True
     tools: list[Any] | None = None
     previous_response_id: str | None = None
+    text: dict[str, Any] | None = None
     # ponder's extensions (the OpenAI SDK's ``extra_body``)
     mode: ModeField | None = None
     task_type: TaskTypeField = TaskType.auto
@@ -166,6 +172,7 @@ def parse_response_body(
     messages += [{"role": i["role"], "content": i["content"][0]["text"]} for i in items]
     mode = mode_of(req.model, req.mode)
     stops = [req.stop] if isinstance(req.stop, str) else list(req.stop or [])
+    text_format = _text_format(req, prefix)
     fields = {
         "messages": messages,
         "mode": mode,
@@ -180,6 +187,7 @@ def parse_response_body(
         "max_total_tokens": req.max_total_tokens,
         "stop": [s for s in stops if s],
         "metadata": req.metadata,
+        "response_format": text_format,
     }
     meta = {
         "model": req.model,
@@ -191,8 +199,23 @@ def parse_response_body(
         "background": req.background,
         "store": req.store,
         "webhook_url": (req.webhook_url or settings.webhook_url) if req.background else None,
+        "text": {"format": _echoed(text_format)},
     }
     return req, meta, task_request(fields, prefix)
+
+
+def _text_format(req: ResponseCreateRequest, prefix: str) -> ResponseFormatBody | None:
+    """The task's ``response_format`` of the request's ``text.format`` (None: prose)."""
+    return response_format_of((req.text or {}).get("format"), f"{prefix}text.format", flat=True)
+
+
+def _echoed(text_format: ResponseFormatBody | None) -> dict[str, Any]:
+    """``text.format`` as the response object shows it (the Responses API's flat shape)."""
+    if text_format is None:
+        return {"type": "text"}
+    if text_format.json_schema is None:
+        return {"type": text_format.type}
+    return {"type": text_format.type, **text_format.json_schema.model_dump(by_alias=True)}
 
 
 # --- task → response ------------------------------------------------------------------
@@ -239,7 +262,7 @@ def response_object(
         "max_output_tokens": meta["max_output_tokens"],
         "metadata": meta["metadata"],
         "model": meta["model"],
-        "output": [_message(task, "completed", task.result.text)]
+        "output": [_message(task, "completed", answer_text(task))]
         if answered and task.result is not None
         else [],
         "parallel_tool_calls": True,
@@ -247,7 +270,7 @@ def response_object(
         "reasoning": {"effort": None, "summary": None},
         "store": meta["store"],
         "temperature": task.temperature,
-        "text": {"format": {"type": "text"}},
+        "text": meta.get("text") or {"format": {"type": "text"}},
         "tool_choice": "auto",
         "tools": [],
         "top_p": meta["top_p"] if meta["top_p"] is not None else 1.0,
@@ -270,7 +293,8 @@ class ResponseEvents:
     - ``sample`` → ``ponder.sample``, ``preliminary`` → ``ponder.preliminary``.
     - ``delta`` (``{"index": i, "text": …}``, per-token text of sample i): the output's
       ``response.output_text.delta`` when the task runs one sample (that sample is the
-      answer), else ``ponder.sample.delta``.
+      answer) and is not structured (its answer is the voted object), else
+      ``ponder.sample.delta``.
     - the terminal event → the rest of the output message (one delta with the text not
       yet sent, ``.done`` events) and ``response.completed`` / ``incomplete`` /
       ``failed`` / ``cancelled`` with the whole response.
@@ -283,7 +307,8 @@ class ResponseEvents:
         self._running = False
         self._opened = False
         self._sent = ""  # output text sent so far
-        self._single = task.samples_planned == 1
+        # one sample's text is the answer, unless the answer is a structured task's object
+        self._single = task.samples_planned == 1 and task.response_format is None
 
     def _emit(self, kind: str, **fields: Any) -> dict[str, Any]:
         event = {"type": kind, "sequence_number": self.seq, **fields}
@@ -339,7 +364,7 @@ class ResponseEvents:
     def _finish(self, task: Task) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
         if task.result is not None:
-            text = task.result.text
+            text = answer_text(task)
             out += self._open()
             if not self._sent or (text.startswith(self._sent) and text != self._sent):
                 out += self._delta(text[len(self._sent) :])
