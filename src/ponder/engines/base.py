@@ -145,6 +145,11 @@ class BaseEngine(ABC):
     #: the rows it runs at once; None where it sets no cap of its own (the server behind
     #: the openai engine has its own)
     max_rows: int | None = None
+    #: whether it constrains a structured row's decoding to the row's ``json_schema`` (its
+    #: text is then valid JSON for the schema unless its token budget cut it); an engine that
+    #: cannot (transformers) generates free text and the per-field vote validates each
+    #: sample: an invalid one does not vote. ``describe()`` reports it
+    constrains_json: bool = False
 
     @abstractmethod
     async def submit(self, request: SampleRequest) -> SampleOutput:
@@ -180,7 +185,7 @@ class BaseEngine(ABC):
 
     def describe(self) -> dict[str, Any]:
         """What the engine is doing now (rows running, queued, counters), for operators."""
-        return {}
+        return {"constrains_json": self.constrains_json}
 
     def health(self) -> str | None:
         """Why the engine cannot run rows now (``/readyz`` answers 503 with it), or None

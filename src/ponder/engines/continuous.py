@@ -238,6 +238,7 @@ class ContinuousEngine(BaseEngine, Generic[R]):
 
     def describe(self) -> dict[str, Any]:
         return {
+            **super().describe(),
             "rows_running": len(self._running),
             "rows_prefilling": len(self._joining),
             "rows_queued": len(self._queue),
