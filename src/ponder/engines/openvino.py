@@ -47,6 +47,20 @@ come back.
   it may be what crashes them. The event loop never waits on any of this: it happens in
   the engine's model thread.
 
+**Structured rows** (``request.json_schema``): each row is constrained to its own schema
+inside the continuous batch (the pipeline's ``StructuredOutputConfig(json_schema=…)``,
+xgrammar), strict or not, so its text is a JSON object valid for the schema unless its
+token budget cut it; the grammar ends it with an end-of-sequence token after the object.
+Stop strings still apply (a stop string inside the object cuts it: the vote's validation
+drops that sample). The pipeline compiles a schema's grammar when it first samples for it
+(xgrammar caches it by its text: a schema seen before costs nothing more); a schema it
+cannot compile (a ``pattern`` with a lookahead or a back-reference) fails that step: its
+row is then refused constraint (a strict row fails with the compiler's message; another
+runs unconstrained, its text left to the vote's validation), the engine remembers the
+schema, and the step's other rows resume. A structured row that resumes (preempted, or its
+process died) starts again from its prompt with its first seed, since a grammar cannot
+start inside an object: on the default f16 weights it draws the same tokens again.
+
 The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over all rows
 (0: 1,024 per row of ``PONDER_ENGINE_MAX_ROWS``).
 """
@@ -54,6 +68,7 @@ The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over a
 from __future__ import annotations
 
 import contextlib
+import json
 import logging
 import math
 import os
@@ -114,6 +129,8 @@ class _Row(TokenRow):
     deaths: int = 0
     #: the life (OpenVINOEngine's count of processes started) of the last death it was in
     died_in: int = -1
+    #: the JSON text of the schema its decoding is constrained to (None: free text)
+    schema: str | None = None
 
 
 class OpenVINOEngine(LocalModelEngine["_Row"]):
@@ -125,6 +142,7 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
 
     name = "openvino"
     row_class = _Row
+    constrains_json = True
     first_token_at_prefill = False
 
     def __init__(self, settings: Settings) -> None:
@@ -159,6 +177,8 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         #: a prompt whose first row has no token yet, by its ids: its other rows wait
         self._leaders: dict[tuple[int, ...], _Row] = {}
         self._share_prefix = settings.engine_prefix_cache_mb > 0
+        #: schemas (their JSON text) the pipeline could not compile, and why
+        self._refused: dict[str, str] = {}
 
     @property
     def batch_invariant(self) -> bool:
@@ -300,6 +320,12 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         request = row.request
         if request.temperature > 0:
             row.seed = secrets.randbits(63) if request.seed is None else request.seed % 2**63
+        if request.json_schema is not None:
+            schema = json.dumps(request.json_schema, separators=(",", ":"))
+            refused = self._refused.get(schema)
+            if refused is not None and request.strict:
+                raise EngineError(_unconstrainable(refused))
+            row.schema = schema if refused is None else None
 
     def _prefill(self, rows: list[_Row], now: float) -> list[_Row]:
         """Rows to send with the next step: a prompt's first row at once, the rows of the
@@ -321,6 +347,8 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         request_id, self._next_id = self._next_id, self._next_id + 1
         row.request_id = request_id
         self._sent[request_id] = row
+        if row.schema is not None and row.tokens:
+            row.restart(self._tokenizer)  # a grammar starts at the object's beginning
         done = len(row.tokens)  # a preempted row resumes after its tokens so far
         seed = None if row.seed is None else (row.seed + done) % 2**63
         params = {
@@ -329,6 +357,7 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             "temperature": row.request.temperature,
             "top_p": row.request.top_p,
             "seed": seed,
+            "json_schema": row.schema,
         }
         self._adds.append((request_id, row.prompt_ids + row.tokens, params))
 
@@ -409,7 +438,7 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             return 0
         adds, drops = self._adds, self._drops
         self._adds, self._drops = [], []
-        sent = list(self._sent.values())
+        sent = dict(self._sent)
         try:
             assert self._conn is not None
             self._conn.send(("step", adds, drops))
@@ -431,7 +460,14 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
         if answer[0] == "failed":
             self._sent.clear()
             self._leaders.clear()
-            self._fail(sent, EngineError(f"generation failed: {answer[1]}"))
+            suspects = [sent[rid] for rid in answer[2] if rid in sent]
+            if not suspects:
+                self._fail(list(sent.values()), EngineError(f"generation failed: {answer[1]}"))
+                return 0
+            self._refuse(suspects, answer[1])
+            for resumed in sent.values():  # the step failed for the suspects' schemas
+                if resumed.finish is None:
+                    self._send(resumed)
             return 0
         _, produced, ended = answer
         tokens = 0
@@ -453,6 +489,27 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             else:
                 row.finish = "length" if len(row.tokens) >= row.max_new_tokens else "stop"
         return tokens
+
+    def _refuse(self, rows: list[_Row], message: str) -> None:
+        """The pipeline could not compile these rows' schemas: a strict row fails, the
+        others go on unconstrained, and the schemas are not tried again."""
+        for row in rows:
+            if row.schema is not None and row.schema not in self._refused:
+                self._refused[row.schema] = message
+                log.warning(
+                    "engine %s: the pipeline cannot constrain to a schema of task %s (%s)",
+                    self.name,
+                    row.request.task_id or "-",
+                    message,
+                )
+        # and the admitted rows of these schemas not sent yet (a prompt's later rows)
+        refused = [r for r in self._joining + self._running if r.schema in self._refused]
+        strict = []
+        for row in {id(r): r for r in rows + refused}.values():
+            row.schema = None
+            if row.request.strict:
+                strict.append(row)
+        self._fail(strict, EngineError(_unconstrainable(message)))
 
     def _unlead(self, row: _Row) -> None:
         """``row`` has its first token or left: its prompt's other rows may go."""
@@ -533,6 +590,10 @@ def _model_facts(path: Path) -> tuple[int, frozenset[int]]:
         if (field := fields.get(key)) is not None
     }
     return int(context.contents()), frozenset(eos)
+
+
+def _unconstrainable(message: str) -> str:
+    return f"the openvino engine cannot constrain decoding to this schema: {message}"
 
 
 def _exit_cause(code: int) -> str:

@@ -22,8 +22,12 @@ The protocol, one request and one answer at a time over a
   pipeline schedules them). Answer ``("step", produced, ended)``: ``produced`` maps a
   request id to ``(token_ids, logprobs)`` generated in that step, ``ended`` maps the ids
   the pipeline ended to why (``"finished"``, or ``"ignored"``: it could not schedule the
-  request, e.g. a prompt larger than the KV cache). ``("failed", message)`` when the step
-  raised: every request is dropped;
+  request, e.g. a prompt larger than the KV cache). ``("failed", message, suspects)`` when
+  the step raised: every request is stopped and one more step releases them (the pipeline
+  recovers only so: a failed step leaves its requests mid-step); ``suspects``
+  are the requests whose schema (``params["json_schema"]``) had not yet let a request
+  generate a token: the pipeline compiles a schema's grammar when it first samples for it,
+  and a schema it cannot compile (e.g. a ``pattern`` with a lookahead) fails that step;
 - ``("close",)``: exit.
 
 Ending, by ``close`` or by the engine's end of the socket closing (its process died), this
@@ -95,6 +99,9 @@ def _answer(
     """Answer the engine's steps until it closes (or goes away: EOFError, OSError)."""
     running = genai.GenerationStatus.RUNNING
     ignored = genai.GenerationStatus.IGNORED
+    #: the schema of each structured request; the schemas that let a request generate
+    schemas: dict[int, str] = {}
+    compiled: set[str] = set()
     while True:
         message = conn.recv()
         if message[0] == "close":
@@ -102,20 +109,23 @@ def _answer(
         _, adds, drops = message
         for request_id in drops:
             handle = handles.pop(request_id, None)
+            schemas.pop(request_id, None)
             if handle is not None:
                 handle.stop()
         try:
             for request_id, ids, params in adds:
+                if params.get("json_schema") is not None:
+                    schemas[request_id] = params["json_schema"]
                 tensor = openvino.Tensor(numpy.asarray([ids], dtype=numpy.int64))
                 handles[request_id] = pipe.add_request(
                     request_id, tensor, _generation_config(genai, params)
                 )
             pipe.step()
         except Exception as e:
-            for handle in handles.values():
-                handle.stop()
-            handles.clear()
-            conn.send(("failed", " ".join(f"{type(e).__name__}: {e}".split())))
+            _release(pipe, handles)  # stopped, and one more step frees them
+            suspects = [rid for rid, schema in schemas.items() if schema not in compiled]
+            schemas.clear()
+            conn.send(("failed", " ".join(f"{type(e).__name__}: {e}".split()), suspects))
             continue
         produced: dict[int, tuple[list[int], list[float]]] = {}
         ended: dict[int, str] = {}
@@ -126,9 +136,12 @@ def _answer(
                         list(output.generated_ids),
                         list(output.generated_log_probs),
                     )
+                if request_id in schemas:
+                    compiled.add(schemas[request_id])
             status = handle.get_status()
             if status != running and not handle.can_read():
                 del handles[request_id]
+                schemas.pop(request_id, None)
                 ended[request_id] = "ignored" if status == ignored else "finished"
         conn.send(("step", produced, ended))
 
@@ -160,6 +173,12 @@ def _generation_config(genai: Any, params: dict[str, Any]) -> Any:
         generation.temperature = params["temperature"]
         generation.top_p = params["top_p"]
         generation.rng_seed = params["seed"]
+    if params.get("json_schema") is not None:
+        # xgrammar in the pipeline: this request's tokens are masked to its own schema,
+        # whatever the other requests of the batch are constrained to (or not)
+        generation.structured_output_config = genai.StructuredOutputConfig(
+            json_schema=params["json_schema"]
+        )
     return generation
 
 

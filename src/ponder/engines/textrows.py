@@ -90,6 +90,17 @@ class TokenRow(Row):
         if self.finish is None and len(self.tokens) >= self.max_new_tokens:
             self.finish = "length"
 
+    def restart(self, tokenizer: Any) -> None:
+        """Forget the tokens generated so far: the row generates again from its prompt.
+
+        The streamed text stays as emitted: text is emitted again only past it (a row that
+        draws the same tokens again, as a greedy or seeded row does on batch-invariant
+        weights, streams on seamlessly; the final ``SampleOutput.text`` is authoritative).
+        """
+        self.tokens, self.logprobs, self.stopped_text = [], [], None
+        if self.detok is not None:
+            self.detok = Detokenizer(tokenizer)
+
     def output(self, tokenizer: Any) -> SampleOutput:
         """The ended row's output (its text decoded, or cut before a stop string)."""
         text = self.stopped_text

@@ -1,0 +1,132 @@
+"""Structured rows on the openvino engine (the real SmolLM2-135M, the session's engine):
+each row constrained to its own schema inside one continuous batch, a free row beside
+them, a schema the pipeline cannot compile, and a preempted structured row."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import jsonschema
+import pytest
+
+from ponder.engines.base import SampleRequest
+from ponder.engines.openvino import OpenVINOEngine
+from tests.engines.prompts import CAPITAL, failed, ok, run
+
+pytestmark = pytest.mark.model
+
+PERSON: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "minLength": 1, "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+    },
+    "required": ["name", "age"],
+    "additionalProperties": False,
+}
+WEATHER: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "sky": {"enum": ["clear", "cloudy", "rain"]},
+        "windy": {"type": "boolean"},
+        "kind": {"const": "report"},
+    },
+    "required": ["sky", "windy", "kind"],
+    "additionalProperties": False,
+}
+
+
+def structured(prompt: str, schema: dict[str, Any], **kwargs: Any) -> SampleRequest:
+    return SampleRequest(prompt=prompt, max_new_tokens=60, json_schema=schema, **kwargs)
+
+
+def valid(text: str, schema: dict[str, Any]) -> Any:
+    value = json.loads(text)
+    jsonschema.validate(value, schema)
+    return value
+
+
+async def test_rows_of_one_batch_follow_their_own_schemas_and_a_free_row_stays_free(
+    model_engine: OpenVINOEngine,
+) -> None:
+    assert model_engine.constrains_json and model_engine.describe()["constrains_json"]
+    before = model_engine.stats.max_rows_seen
+    model_engine.stats.max_rows_seen = 0
+    try:
+        person, weather, free = await run(
+            model_engine,
+            structured("Describe a person as JSON.", PERSON),
+            structured("What is the weather like? Answer in JSON.", WEATHER, strict=True),
+            SampleRequest(prompt=CAPITAL, max_new_tokens=12),
+        )
+        assert model_engine.stats.max_rows_seen == 3  # one batch
+    finally:
+        model_engine.stats.max_rows_seen = max(before, model_engine.stats.max_rows_seen)
+    valid(person.text, PERSON)
+    assert valid(weather.text, WEATHER)["kind"] == "report"
+    assert (person.finish_reason, weather.finish_reason) == ("stop", "stop")
+    assert "Paris" in free.text and not free.text.lstrip().startswith("{")
+
+
+async def test_a_schema_the_pipeline_cannot_compile_fails_a_strict_row_alone(
+    model_engine: OpenVINOEngine,
+) -> None:
+    """xgrammar refuses a lookahead: the strict row fails naming it, the non-strict row of
+    the same schema runs unconstrained, the step's other rows go on; the engine remembers
+    the schema (a later strict row fails at once)."""
+    lookahead: dict[str, Any] = {
+        "type": "object",
+        "properties": {"code": {"type": "string", "pattern": "^(?=A)[A-Z]{3}$"}},
+        "required": ["code"],
+    }
+    results = await model_engine.generate(
+        [
+            structured("Give a code.", lookahead, strict=True),
+            structured("Give a code.", lookahead),
+            structured("Describe a person as JSON.", PERSON),
+            SampleRequest(prompt=CAPITAL, max_new_tokens=12),
+        ]
+    )
+    assert "cannot constrain decoding to this schema" in str(failed(results[0]))
+    assert "Lookahead" in str(results[0])
+    assert ok(results[1]).completion_tokens > 0
+    valid(ok(results[2]).text, PERSON)
+    assert "Paris" in ok(results[3]).text
+    again = await model_engine.generate([structured("Give a code.", lookahead, strict=True)])
+    assert "cannot constrain" in str(failed(again[0]))
+
+
+async def test_a_preempted_structured_row_starts_again_and_ends_as_it_would_have(
+    model_engine: OpenVINOEngine,
+) -> None:
+    """A grammar cannot start inside an object: the row is re-added from its prompt with
+    its first seed, and on f16 weights it draws the same object; its stream is that text."""
+    engine = model_engine
+    prompt = "Describe a person as JSON."
+    alone = await engine.submit(structured(prompt, PERSON, temperature=1.0, seed=3))
+    assert alone.completion_tokens > 8  # long enough to be preempted on its way
+    rows, preempt = engine.max_rows, engine.preempt_after_s
+    engine.max_rows, engine.preempt_after_s = 1, 0.05
+    try:
+        pieces: list[str] = []
+        streaming = asyncio.Event()
+
+        def listen(piece: str) -> None:
+            pieces.append(piece)
+            streaming.set()
+
+        low = structured(prompt, PERSON, temperature=1.0, seed=3, priority=5, on_text=listen)
+        background = asyncio.create_task(engine.submit(low))
+        await asyncio.wait_for(streaming.wait(), 30)
+        before = engine.stats.preempted
+        urgent = await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4, priority=0))
+        assert urgent.completion_tokens == 4
+        resumed = await asyncio.wait_for(background, 60)
+        assert engine.stats.preempted == before + 1
+    finally:
+        engine.max_rows, engine.preempt_after_s = rows, preempt
+    assert (resumed.text, resumed.completion_tokens) == (alone.text, alone.completion_tokens)
+    valid(resumed.text, PERSON)
+    assert "".join(pieces) == resumed.text
