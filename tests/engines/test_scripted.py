@@ -4,9 +4,12 @@ shares with the local model engine (rows join and leave per step, admission by p
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
+import jsonschema
 import pytest
 
 from ponder.engines.base import SampleOutput, SampleRequest
@@ -296,3 +299,109 @@ async def test_the_most_urgent_waiting_row_is_admitted_first() -> None:
     finally:
         await engine.close()
     assert order[0] == 0
+
+
+# --- structured rows -------------------------------------------------------------------
+
+ORDER: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "answer": {"type": "number", "minimum": 0},
+        "customer": {
+            "type": "object",
+            "properties": {
+                "name": {"type": "string", "minLength": 2, "maxLength": 12},
+                "email": {"type": "string", "format": "email"},
+                "code": {"type": "string", "pattern": "^[A-Z]{3}-\\d{2,4}$"},
+            },
+            "required": ["name"],
+            "additionalProperties": False,
+        },
+        "status": {"enum": ["open", "paid", "shipped"]},
+        "kind": {"const": "order"},
+        "express": {"type": "boolean"},
+        "items": {
+            "type": "array",
+            "items": {"type": "integer", "exclusiveMinimum": 0, "maximum": 9},
+            "minItems": 2,
+            "maxItems": 4,
+        },
+        "note": {"type": ["string", "null"]},
+        "discount": {"type": "number", "exclusiveMinimum": 0, "exclusiveMaximum": 1},
+    },
+    "required": ["answer", "customer", "status", "kind"],
+    "additionalProperties": False,
+}
+
+
+def structured(prompt: str, index: int = 0, **kwargs: object) -> SampleRequest:
+    return req(prompt, index, **{"json_schema": ORDER, "max_new_tokens": 200, **kwargs})
+
+
+async def objects(engine: ScriptedEngine, *rows: SampleRequest) -> list[dict[str, Any]]:
+    """The rows' objects, each valid for its schema."""
+    out = []
+    for row, result in zip(rows, await engine.generate(list(rows)), strict=True):
+        assert isinstance(result, SampleOutput), result
+        value = json.loads(result.text)
+        jsonschema.validate(value, row.json_schema or {})
+        out.append(value)
+    return out
+
+
+async def test_a_structured_row_is_an_object_valid_for_its_schema_the_same_per_sample(
+    engine: ScriptedEngine,
+) -> None:
+    assert engine.constrains_json and engine.describe()["constrains_json"]
+    a, b, other = await objects(
+        engine, structured("q", 0, seed=1), structured("q", 1, seed=2), structured("r")
+    )
+    assert a == b != other  # derived from the prompt and the schema, not the sample
+    assert set(a) == set(ORDER["properties"]) and a["kind"] == "order"
+    assert set(a["customer"]) == {"name", "email", "code"}
+    assert a["customer"]["email"] == "ann@example.com"
+    minimal = {"type": "object"}
+    (empty,) = await objects(engine, req("q", json_schema=minimal))
+    assert empty == {}
+
+
+async def test_directives_steer_the_answer_and_chosen_fields_per_sample(
+    engine: ScriptedEngine,
+) -> None:
+    prompt = (
+        "q [[answers: 42, 42, 17]] [[fields: status = paid | open; customer.name = Ann]]"
+        " [[vary: items]]"
+    )
+    rows = [structured(prompt, i, seed=7) for i in range(3)]
+    first, second, third = await objects(engine, *rows)
+    assert [o["answer"] for o in (first, second, third)] == [42, 42, 17]
+    assert [o["status"] for o in (first, second, third)] == ["paid", "open", "paid"]
+    assert {o["customer"]["name"] for o in (first, second, third)} == {"Ann"}
+    assert len({json.dumps(o["items"]) for o in (first, second, third)}) > 1  # varied
+    assert first["note"] == second["note"] and first["express"] == second["express"]
+
+
+async def test_a_sample_can_be_made_invalid_or_cut_on_purpose(engine: ScriptedEngine) -> None:
+    prompt = "q [[fields: status = lost | paid]] [[json: ok, ok, cut]]"
+    lost, paid, cut = await engine.generate([structured(prompt, i) for i in range(3)])
+    assert isinstance(lost, SampleOutput) and isinstance(paid, SampleOutput)
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(json.loads(lost.text), ORDER)
+    jsonschema.validate(json.loads(paid.text), ORDER)
+    assert isinstance(cut, SampleOutput)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(cut.text)
+
+
+async def test_a_structured_row_streams_its_object_and_its_budget_cuts_it(
+    engine: ScriptedEngine,
+) -> None:
+    pieces: list[str] = []
+    row = structured("q", on_text=pieces.append)
+    (whole,) = await engine.generate([row])
+    assert isinstance(whole, SampleOutput) and whole.finish_reason == "stop"
+    assert "".join(pieces) == whole.text
+    assert whole.completion_tokens == len(whole.text.split(" "))
+    (short,) = await engine.generate([structured("q", max_new_tokens=3)])
+    assert isinstance(short, SampleOutput) and short.finish_reason == "length"
+    assert whole.text.startswith(short.text) and short.text != whole.text

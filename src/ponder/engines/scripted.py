@@ -17,6 +17,24 @@ outcomes:
 - ``[[hang]]`` — every sample never ends until cancelled or timed out.
 
 Without ``answers`` the answer is a number derived from the prompt, so it is stable.
+
+**Structured rows** (``request.json_schema``): the text is a JSON object valid for the
+schema (:mod:`ponder.engines.scripted_json`: every property, strings a word or an enum
+value, numbers inside their bounds, arrays of 1 to 3 items), emitted a space-separated
+piece per step; ``tokens`` does not apply (``max_new_tokens`` still cuts the text, which is
+then not JSON). Each value is derived from the prompt and the schema, so by default every
+sample gives the same object; directives steer it per sample (*i*-th value, cycling):
+
+- ``[[answers: 42, 17]]`` — the root property ``answer``, where the schema has one, is
+  the sample's answer (as its type: ``42`` a number for a number, a string for a string);
+- ``[[fields: name = Ann | Ann | Bob; age = 30 | 31]]`` — the fields at these paths
+  (dotted for nested ones: ``person.name``, ``tags.0``) take the sample's value, as the
+  field's type where the text is one (``30``), else as JSON, else as text; a value the
+  schema refuses is kept: a test can make a sample invalid on purpose;
+- ``[[vary: name, tags]]`` — these fields (and what is under them; ``*``: all) are drawn
+  per sample (from its index and seed), so samples differ there;
+- ``[[json: ok, cut]]`` — ``cut``: that sample's text stops in the middle of the object
+  (not JSON).
 ``PONDER_SCRIPTED_STEP_MS="base,per_row"`` makes each step take ``base + per_row * rows``
 ms (rows: the rows advanced by the step): a latency model of a batched accelerator.
 """
@@ -25,15 +43,19 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import json
 import math
+import random
 import re
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.engines.continuous import ContinuousEngine, Row
+from ponder.engines.scripted_json import build, coerce
 from ponder.errors import EngineError
 
 __all__ = ["ScriptedEngine", "parse_directives"]
@@ -62,6 +84,7 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
     name = "scripted"
     model_name = "scripted"
     row_class = _ScriptedRow
+    constrains_json = True
 
     def __init__(
         self,
@@ -110,6 +133,9 @@ class ScriptedEngine(ContinuousEngine[_ScriptedRow]):
         except ValueError as e:
             raise EngineError(f"scripted: a directive needs a number: {e}") from e
         row.ready_at = row.started + sleep_ms / 1000
+        if row.request.json_schema is not None:
+            row.words = _structured_text(row.request, directives).split(" ")
+            return
         tail = ["The", "answer", "is", f"{answer}."]
         lead = list(itertools.islice(itertools.cycle(_LEAD), max(0, count - len(tail))))
         row.words = (lead + tail)[-count:]
@@ -155,6 +181,47 @@ def _nth(values: str | None, request: SampleRequest) -> str | None:
     """The request's sample's value of a comma-separated directive (cycling)."""
     parts = [v.strip() for v in (values or "").split(",") if v.strip()]
     return parts[request.sample_index % len(parts)] if parts else None
+
+
+def _structured_text(request: SampleRequest, directives: dict[str, str]) -> str:
+    """The JSON text of a structured row (see the module docstring)."""
+    schema = request.json_schema or {}
+    base = hashlib.sha256(f"{_prompt_text(request)}\n{json.dumps(schema)}".encode()).hexdigest()
+    vary = [v.strip() for v in directives.get("vary", "").split(",") if v.strip()]
+
+    def pick(path: str) -> random.Random:
+        varies = any(v == "*" or path == v or path.startswith(v + ".") for v in vary)
+        if varies:
+            return random.Random(f"{request.seed}:{request.sample_index}:{path}")
+        return random.Random(f"{base}:{path}")
+
+    overrides: dict[str, Any] = {}
+    answer = _nth(directives.get("answers"), request)
+    properties = schema.get("properties", {})
+    if answer is not None and "answer" in properties:
+        overrides["answer"] = coerce(answer, properties["answer"])
+    for part in directives.get("fields", "").split(";"):
+        path, _, values = (p.strip() for p in part.partition("="))
+        if path:
+            choices = values.split("|")
+            value = choices[request.sample_index % len(choices)]
+            overrides[path] = coerce(value, _at(schema, path))
+    text = json.dumps(build(schema, pick, overrides), ensure_ascii=False)
+    if _nth(directives.get("json"), request) == "cut":
+        text = text[: len(text) // 2]
+    return text
+
+
+def _at(schema: dict[str, Any], path: str) -> dict[str, Any] | None:
+    """The subschema at a dotted path (None: the schema has none there)."""
+    node: Any = schema
+    for part in path.split("."):
+        # an array's item (``part`` is its index), else an object's property
+        node = node["items"] if "items" in node else node.get("properties", {}).get(part)
+        if not isinstance(node, dict):
+            return None
+    found: dict[str, Any] = node
+    return found
 
 
 def _answer_for(request: SampleRequest, directives: dict[str, str]) -> str:
