@@ -29,7 +29,17 @@ from ponder.config import client_environment
 from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final
-from ponder.types import DEFAULT_MODE, EventName, Mode, Result, Sample, Task, TaskStatus, TaskType
+from ponder.types import (
+    DEFAULT_MODE,
+    EventName,
+    Mode,
+    ResponseFormat,
+    Result,
+    Sample,
+    Task,
+    TaskStatus,
+    TaskType,
+)
 from ponder.version import __version__
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -263,12 +273,21 @@ def submit_request(
     max_samples: int | None = None,
     max_total_tokens: int | None = None,
     metadata: dict[str, Any] | None = None,
+    response_format: ResponseFormat | dict[str, Any] | None = None,
     idempotency_key: str | None = None,
 ) -> Request:
     """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
 
-    Raises :class:`InvalidRequestError` without sending when the request is invalid.
+    ``response_format`` asks for a structured answer (docs/structured.md): a
+    :class:`~ponder.types.ResponseFormat` or its JSON (``{"type": "json_schema",
+    "json_schema": {"name", "schema", "strict"}}`` or ``{"type": "json_object"}``); the
+    result's ``object`` is then the answer as a JSON object, ``fields`` each leaf's vote.
+
+    Raises :class:`InvalidRequestError` without sending when the request is invalid (a
+    schema outside the supported subset included: the message names the part).
     """
+    if isinstance(response_format, ResponseFormat):
+        response_format = response_format.model_dump(mode="json", exclude_none=True)
     fields = {
         "prompt": prompt, "messages": messages, "mode": mode, "task_type": task_type,
         "priority": priority, "callback_url": callback_url, "samples": samples,
@@ -276,6 +295,7 @@ def submit_request(
         "tests": tests, "stop": stop, "early_stop": early_stop,
         "target_confidence": target_confidence, "max_samples": max_samples,
         "max_total_tokens": max_total_tokens, "metadata": metadata,
+        "response_format": response_format,
     }  # fmt: skip
     # checked as the API checks it: the same model (no coercion, no NaN, no blank prompt)
     body = {k: v for k, v in fields.items() if v is not None}
