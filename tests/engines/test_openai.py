@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import json
 import math
 import socket
 import threading
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
+import jsonschema
 import pytest
 import uvicorn
 from fastapi import FastAPI, Request
@@ -66,6 +68,7 @@ class CompatServer:
         n = int(body.get("n", 1)) if self.supports_n else 1
         seed = body.get("seed")
         stop = body.get("stop") or []
+        schema, strict = _schema_of(body.get("response_format"))
         requests = [
             SampleRequest(
                 messages=body["messages"],
@@ -75,6 +78,8 @@ class CompatServer:
                 # one seed per request: the n samples draw from seed, seed + 1, ...
                 seed=None if seed is None else int(seed) + i,
                 stop=[stop] if isinstance(stop, str) else list(stop),
+                json_schema=schema,
+                strict=strict,
             )
             for i in range(n)
         ]
@@ -108,6 +113,16 @@ class CompatServer:
                 },
             }
         )
+
+
+def _schema_of(response_format: dict[str, Any] | None) -> tuple[dict[str, Any] | None, bool]:
+    """The schema (and strict) a ``response_format`` asks for, as OpenAI reads it."""
+    if response_format is None or response_format["type"] == "text":
+        return None, False
+    if response_format["type"] == "json_object":
+        return {"type": "object"}, False
+    spec = response_format["json_schema"]
+    return spec["schema"], bool(spec.get("strict", False))
 
 
 def _error(status: int, message: str, headers: dict[str, str] | None = None) -> JSONResponse:
@@ -219,6 +234,45 @@ async def test_a_server_ignoring_n_gets_one_request_per_row(
     assert engine.supports_n is False
     assert all(isinstance(r, SampleOutput) for r in await engine.generate(rows[:2]))
     assert [b.get("n", 1) for b in server.bodies[3:]] == [1, 1]
+
+
+async def test_a_structured_row_sends_its_schema_as_response_format(
+    engine: OpenAIEngine, server: CompatServer
+) -> None:
+    """The schema goes upstream as OpenAI's ``response_format`` (``json_object`` for the bare
+    object); the server here constrains with it (the local engine), and the text comes back
+    as the server wrote it."""
+    schema = {
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 20}},
+        "required": ["city"],
+        "additionalProperties": False,
+    }
+    assert engine.constrains_json and engine.describe()["constrains_json"]
+    rows = [
+        SampleRequest(prompt=CAPITAL, max_new_tokens=30, json_schema=schema, strict=True),
+        SampleRequest(prompt=CAPITAL, max_new_tokens=30, json_schema={"type": "object"}),
+        SampleRequest(prompt=CAPITAL, max_new_tokens=8),
+    ]
+    answers = [ok(r) for r in await engine.generate(rows)]
+    formats = sorted(
+        (json.dumps(b.get("response_format"), sort_keys=True) for b in server.bodies),
+    )
+    assert formats == sorted(
+        json.dumps(f, sort_keys=True)
+        for f in (
+            {
+                "type": "json_schema",
+                "json_schema": {"name": "answer", "schema": schema, "strict": True},
+            },
+            {"type": "json_object"},
+            None,
+        )
+    )
+    jsonschema.validate(json.loads(answers[0].text), schema)
+    # a free object may outrun the budget: then it is cut (the vote's validation drops it)
+    assert answers[1].text.startswith("{") and answers[1].finish_reason in ("stop", "length")
+    assert not answers[2].text.lstrip().startswith("{")
 
 
 async def test_503_answers_are_retried(engine: OpenAIEngine, server: CompatServer) -> None:

@@ -23,6 +23,13 @@ refuses the credentials: the engine is dead (EngineDeadError) until restarted wi
 any other failure is that row's EngineError. Log-probabilities are requested, and their
 mean is reported when the server returns them.
 
+**Structured rows.** A row with a ``json_schema`` asks the server to constrain its answer:
+``response_format`` ``{"type": "json_schema", "json_schema": {"name": "answer", "schema":
+…, "strict": <the row's strict>}}``, or ``{"type": "json_object"}`` for the bare
+``{"type": "object"}`` of a ``json_object`` task. The text that comes back is the row's
+text as it is: the per-field vote parses and validates it (a server that ignores
+``response_format`` costs invalid samples, never a failed row).
+
 **Streaming.** When a row has ``on_text`` and ``stream`` (the worker's delta events, while a
 client follows the task's text), its request asks for ``stream: true`` (with
 ``stream_options.include_usage``) and each chunk's text is handed to the ``on_text`` of
@@ -61,7 +68,7 @@ from ponder.engines.base import BaseEngine, FinishReason, SampleOutput, SampleRe
 from ponder.errors import ConfigError, EngineBusy, EngineDeadError, EngineError
 from ponder.scheduling import AdmissionQueue
 
-__all__ = ["OpenAIEngine"]
+__all__ = ["OpenAIEngine", "response_format"]
 
 T = TypeVar("T")
 
@@ -93,6 +100,8 @@ class OpenAIEngine(BaseEngine):
     """
 
     name = "openai"
+    #: the upstream constrains: a structured row's schema goes as ``response_format``
+    constrains_json = True
 
     def __init__(
         self, settings: Settings, *, backoff_s: float = 0.5, max_backoff_s: float = 8.0
@@ -162,6 +171,7 @@ class OpenAIEngine(BaseEngine):
 
     def describe(self) -> dict[str, Any]:
         return {
+            **super().describe(),
             "requests_in_flight": len(self._in_flight),
             "requests_queued": len(self._queue),
             "queued_by_priority": self._queue.depths(),
@@ -185,6 +195,7 @@ class OpenAIEngine(BaseEngine):
             request.max_new_tokens,
             tuple(request.stop),
             request.timeout_s,
+            _schema_key(request),
         )
         groups = request.task_id and self.supports_n is not False
         group = self._forming.get(key) if groups else None
@@ -314,6 +325,8 @@ class OpenAIEngine(BaseEngine):
         if first.seed is not None:
             # one seed for the request: with n > 1 the server draws the n samples from it
             body["seed"] = first.seed
+        if first.json_schema is not None:
+            body["response_format"] = response_format(first.json_schema, strict=first.strict)
         listeners = [row.on_text if row.stream else None for row in rows]
         if any(listeners):
             body["stream"] = True
@@ -488,6 +501,24 @@ class _StreamedChoice:
             "finish_reason": self.finish_reason,
             "logprobs": {"content": self.logprobs} if self.logprobs else None,
         }
+
+
+def response_format(schema: dict[str, Any], *, strict: bool) -> dict[str, Any]:
+    """OpenAI's ``response_format`` for a structured row's schema: ``json_object`` for the
+    bare ``{"type": "object"}`` (a ``json_object`` task's), else ``json_schema``."""
+    if schema == {"type": "object"}:
+        return {"type": "json_object"}
+    return {
+        "type": "json_schema",
+        "json_schema": {"name": "answer", "schema": schema, "strict": strict},
+    }
+
+
+def _schema_key(request: SampleRequest) -> tuple[str, bool] | None:
+    """What tells rows' schemas apart in the grouping key (a task's rows share one)."""
+    if request.json_schema is None:
+        return None
+    return json.dumps(request.json_schema, sort_keys=True), request.strict
 
 
 def _call_listener(listener: Callable[[str], object], piece: str) -> None:
