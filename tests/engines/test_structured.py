@@ -15,8 +15,6 @@ from ponder.engines.base import SampleRequest
 from ponder.engines.openvino import OpenVINOEngine
 from tests.engines.prompts import CAPITAL, failed, ok, run
 
-pytestmark = pytest.mark.model
-
 PERSON: dict[str, Any] = {
     "type": "object",
     "properties": {
@@ -38,6 +36,17 @@ WEATHER: dict[str, Any] = {
 }
 
 
+def test_which_engines_constrain_decoding() -> None:
+    """The transformers engine cannot: its structured rows are free text, the vote
+    validates them."""
+    from ponder.engines.openai import OpenAIEngine
+    from ponder.engines.scripted import ScriptedEngine
+    from ponder.engines.transformers import TransformersEngine
+
+    assert OpenVINOEngine.constrains_json and OpenAIEngine.constrains_json
+    assert ScriptedEngine.constrains_json and not TransformersEngine.constrains_json
+
+
 def structured(prompt: str, schema: dict[str, Any], **kwargs: Any) -> SampleRequest:
     return SampleRequest(prompt=prompt, max_new_tokens=60, json_schema=schema, **kwargs)
 
@@ -48,6 +57,7 @@ def valid(text: str, schema: dict[str, Any]) -> Any:
     return value
 
 
+@pytest.mark.model
 async def test_rows_of_one_batch_follow_their_own_schemas_and_a_free_row_stays_free(
     model_engine: OpenVINOEngine,
 ) -> None:
@@ -70,6 +80,7 @@ async def test_rows_of_one_batch_follow_their_own_schemas_and_a_free_row_stays_f
     assert "Paris" in free.text and not free.text.lstrip().startswith("{")
 
 
+@pytest.mark.model
 async def test_a_schema_the_pipeline_cannot_compile_fails_a_strict_row_alone(
     model_engine: OpenVINOEngine,
 ) -> None:
@@ -98,6 +109,7 @@ async def test_a_schema_the_pipeline_cannot_compile_fails_a_strict_row_alone(
     assert "cannot constrain" in str(failed(again[0]))
 
 
+@pytest.mark.model
 async def test_a_preempted_structured_row_starts_again_and_ends_as_it_would_have(
     model_engine: OpenVINOEngine,
 ) -> None:

@@ -24,6 +24,11 @@ that does the model work. It gives:
 - text pieces for streaming (``request.on_text``), decoded incrementally;
 - token log-probabilities (under the unscaled logits).
 
+It cannot constrain decoding (``constrains_json`` is False): a structured row
+(``request.json_schema``) is generated as free text, as any row; the per-field vote parses
+and validates each sample and an invalid one does not vote (no 422 at submit, strict or
+not: the prompt asks for the JSON, the vote keeps what holds).
+
 All model work runs in one dedicated thread: one model instance, never two forward passes
 at once, and the event loop never blocks. The scheduler and its sampler work on numpy
 arrays; torch is imported by the runner alone (``engines/hf.py``).
