@@ -59,7 +59,7 @@ import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from ponder.config import NUM_PRIORITIES, ModeConfig, Settings
 from ponder.enhance.answers import ANSWER_TYPES, AnswerType, group_answers, infer_task_type
@@ -81,6 +81,7 @@ __all__ = [
     "Strategy",
     "create_strategy",
     "leader_probability",
+    "register_structured",
     "resolve_task_type",
     "sample_seed",
 ]
@@ -108,6 +109,8 @@ _ASKS = re.compile(
     re.IGNORECASE,
 )
 
+
+_S = TypeVar("_S", bound="Strategy")
 
 StopReason = Literal["confident", "decided", "budget", "complete", "deadline"]
 
@@ -568,14 +571,28 @@ def _rank(group: _Group) -> tuple[float, float, float, int]:
     return (-round(group.weight, 9), -round(confidence, 9), -mean_logprob, group.first)
 
 
+#: the strategy of structured tasks (registered by ponder.enhance.structured_strategy)
+_STRUCTURED: list[type[Strategy]] = []
+
+
+def register_structured(cls: type[_S]) -> type[_S]:
+    """Class decorator: the strategy of structured tasks (the package imports its module:
+    this one cannot, a cycle)."""
+    _STRUCTURED[:] = [cls]
+    return cls
+
+
 def create_strategy(
     task: Task, settings: Settings, *, calibration: Calibration | None = None
 ) -> Strategy:
-    """The strategy of the task; ValueError for a mode that does not exist."""
+    """The strategy of the task (a structured task's: the registered one); ValueError for
+    a mode that does not exist."""
     try:
         Mode(task.mode)
     except ValueError:
         raise ValueError(
             f"Unknown mode: {task.mode!r}; expected one of {', '.join(Mode)}"
         ) from None
+    if task.response_format is not None:
+        return _STRUCTURED[0](task, settings, calibration=calibration)
     return Strategy(task, settings, calibration=calibration)
