@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -142,6 +143,52 @@ def test_an_auto_task_from_the_form_says_where_its_cascade_ended(
     assert shown.startswith(f"stage {result['stage']} of 3 · ")
     assert shown.endswith(f"stopped: {result['stop_reason']}")
     assert all(step in shown for step in result["escalations"])
+    assert errors(page) == []
+
+
+PERSON = {
+    "type": "object",
+    "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+    "required": ["name", "age"],
+}
+
+
+def test_a_structured_task_shows_its_fields_as_they_are_voted(
+    page: WebDriver, service: ThreadedServer
+) -> None:
+    # samples 0 and 1 answer, sample 2 never does: the preliminary answer holds until the
+    # deadline, then the result stands on the two
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    prompt = "Who? [[fields: name = Ann | Ann | Bob; age = 30 | 31 | 30]] [[answers: 1, 1, hang]]"
+    body = {"prompt": prompt, "mode": "standard", "samples": 3, "early_stop": False}
+    task = submit(service.url, body | {"timeout_s": 6, "response_format": fmt})
+    page.get(f"{service.url}/console#/tasks/{task['id']}")
+
+    def fields(d: Any) -> dict[str, dict[str, str]]:
+        return {
+            row.get_attribute("data-path"): {
+                "value": row.get_attribute("data-value"),
+                "confidence": row.get_attribute("data-confidence"),
+                "votes": row.find_element("css selector", ".field-votes").text,
+            }
+            for row in all_css(d, "#fields tr[data-path]")
+        }
+
+    wait(page, lambda d: css(d, "#answer-value").get_attribute("data-final") == "false"
+         and set(fields(d)) == {"name", "age"})  # fmt: skip
+    early = fields(page)
+    assert early["name"]["value"] == '"Ann"' and early["name"]["votes"] == '"Ann" (2)'
+    assert early["age"]["votes"] in ("30 (1) \u00b7 31 (1)", "31 (1) \u00b7 30 (1)")
+    assert "Preliminary" in css(page, "#answer h2").text
+    wait(page, lambda d: css(d, "#answer-value").get_attribute("data-final") == "true", 30)
+    result = httpx.get(f"{service.url}/v1/tasks/{task['id']}").json()["result"]
+    assert result["object"] == {"name": "Ann", "age": 30}
+    shown = fields(page)
+    assert set(shown) == set(result["fields"])
+    for path, vote in result["fields"].items():
+        assert shown[path]["confidence"] == str(vote["confidence"])
+        assert shown[path]["value"] == json.dumps(vote["value"])
+    assert json.loads(css(page, "#answer-value").text) == result["object"]
     assert errors(page) == []
 
 

@@ -512,10 +512,15 @@ class TaskPage {
     const parts = [h("h2", {}, result ? "Answer" : task.preliminary ? "Preliminary answer" : "Answer")];
     const shown = result || task.preliminary;
     if (shown) {
-      parts.push(h("div", { class: "big-answer", id: "answer-value", dataset: { final: result ? "true" : "false" } },
-        shown.answer ?? "(no extracted answer)"));
+      const structured = Boolean(shown.fields);
+      const final = { final: result ? "true" : "false" };
+      parts.push(structured
+        ? h("pre", { class: "json-answer", id: "answer-value", dataset: final },
+          shown.object ? JSON.stringify(shown.object, null, 2) : "(no valid object)")
+        : h("div", { class: "big-answer", id: "answer-value", dataset: final }, shown.answer ?? "(no extracted answer)"));
       parts.push(h("p", { class: "meta" }, `confidence ${percent(shown.confidence)} · agreement ${percent(shown.agreement)} · ` +
-        `sample #${shown.chosen_sample}`));
+        `sample #${shown.chosen_sample}` + (structured ? " · the least sure required field" : "")));
+      if (structured) parts.push(...this.fieldsTable(shown));
       if (result && task.preliminary) {
         parts.push(h("p", { class: "muted small" }, `preliminary answer was ${task.preliminary.answer ?? "(none)"}`));
       }
@@ -534,6 +539,30 @@ class TaskPage {
     if (task.error) parts.push(h("p", { class: "error", id: "task-error-detail" }, `${task.error.code}: ${task.error.message}`));
     this.answer.replaceChildren(...parts);
     this.answer.dataset.answer = result ? String(result.answer) : "";
+  }
+
+  /** A structured answer's fields, one row each: path, value, confidence, votes. */
+  fieldsTable(shown) {
+    const rows = Object.entries(shown.fields).map(([path, vote]) => {
+      const absent = vote.value === null && "(absent)" in vote.votes && !("null" in vote.votes);
+      const value = absent ? "(absent)" : JSON.stringify(vote.value);
+      const votes = Object.entries(vote.votes).map(([label, count]) => `${label} (${count})`).join(" · ");
+      const meter = h("span", { class: "bar" });
+      meter.style.width = `${Math.round(100 * vote.confidence)}%`;
+      return h("tr", { class: vote.confidence < 0.5 ? "unsure" : null, dataset: { path, value, confidence: String(vote.confidence) } },
+        h("td", { class: "mono" }, path),
+        h("td", { class: "mono field-value" }, value),
+        h("td", { class: "field-confidence" }, h("span", { class: "bar-track" }, meter), percent(vote.confidence)),
+        h("td", { class: "field-votes", title: `agreement ${percent(vote.agreement)}` }, votes));
+    });
+    const note = shown.object_from === "sample"
+      ? h("p", { class: "note", id: "object-from" }, `The fields voted one by one did not make a valid object: ` +
+        `this is sample #${shown.chosen_sample} whole, and its fields' votes.`)
+      : null;
+    return [note, h("div", { class: "table-wrap" }, h("table", { id: "fields", class: "fields-table" },
+      h("thead", {}, h("tr", {}, ["Field", "Value", "Confidence", "Votes"].map((t) => h("th", {}, t)))),
+      h("tbody", {}, rows.length ? rows : h("tr", {}, h("td", { colspan: 4, class: "muted" }, "No field."))))),
+    ].filter(Boolean);
   }
 
   showVotes() {
@@ -627,7 +656,9 @@ class TaskPage {
     card.text.textContent = sample.text || "";
     this.setCardStatus(card, sample.status);
     const facts = [];
-    if (sample.answer !== null) facts.push(h("span", { class: "sample-answer" }, `answer ${sample.answer}`));
+    if (sample.object) facts.push(h("span", { class: "sample-answer" }, "a valid object"));  // its text is the JSON
+    else if (sample.answer !== null) facts.push(h("span", { class: "sample-answer" }, `answer ${sample.answer}`));
+    if (sample.schema_error) facts.push(h("span", { class: "error schema-error" }, `not valid: ${sample.schema_error}`));
     if (sample.confidence !== null) facts.push(h("span", {}, `confidence ${percent(sample.confidence)}`));
     facts.push(h("span", {}, `${sample.tokens.completion} tokens`));
     if (sample.latency_ms !== null) facts.push(h("span", {}, fmtSeconds(sample.latency_ms)));
