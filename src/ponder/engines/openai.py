@@ -23,12 +23,9 @@ refuses the credentials: the engine is dead (EngineDeadError) until restarted wi
 any other failure is that row's EngineError. Log-probabilities are requested, and their
 mean is reported when the server returns them.
 
-**Structured rows.** A row with a ``json_schema`` asks the server to constrain its answer:
-``response_format`` ``{"type": "json_schema", "json_schema": {"name": "answer", "schema":
-…, "strict": <the row's strict>}}``, or ``{"type": "json_object"}`` for the bare
-``{"type": "object"}`` of a ``json_object`` task. The text that comes back is the row's
-text as it is: the per-field vote parses and validates it (a server that ignores
-``response_format`` costs invalid samples, never a failed row).
+**Structured rows.** A row's ``json_schema`` goes as ``response_format`` (``json_schema``
+with the row's ``strict``, or ``json_object`` for the bare object); the text that comes back
+is the row's text as it is: the per-field vote validates it.
 
 **Streaming.** When a row has ``on_text`` and ``stream`` (the worker's delta events, while a
 client follows the task's text), its request asks for ``stream: true`` (with
@@ -195,7 +192,8 @@ class OpenAIEngine(BaseEngine):
             request.max_new_tokens,
             tuple(request.stop),
             request.timeout_s,
-            _schema_key(request),
+            None if request.json_schema is None else json.dumps(request.json_schema),
+            request.strict,
         )
         groups = request.task_id and self.supports_n is not False
         group = self._forming.get(key) if groups else None
@@ -504,21 +502,13 @@ class _StreamedChoice:
 
 
 def response_format(schema: dict[str, Any], *, strict: bool) -> dict[str, Any]:
-    """OpenAI's ``response_format`` for a structured row's schema: ``json_object`` for the
-    bare ``{"type": "object"}`` (a ``json_object`` task's), else ``json_schema``."""
+    """OpenAI's ``response_format`` for a row's schema (``json_object``: the bare object)."""
     if schema == {"type": "object"}:
         return {"type": "json_object"}
     return {
         "type": "json_schema",
         "json_schema": {"name": "answer", "schema": schema, "strict": strict},
     }
-
-
-def _schema_key(request: SampleRequest) -> tuple[str, bool] | None:
-    """What tells rows' schemas apart in the grouping key (a task's rows share one)."""
-    if request.json_schema is None:
-        return None
-    return json.dumps(request.json_schema, sort_keys=True), request.strict
 
 
 def _call_listener(listener: Callable[[str], object], piece: str) -> None:

@@ -48,18 +48,10 @@ come back.
   the engine's model thread.
 
 **Structured rows** (``request.json_schema``): each row is constrained to its own schema
-inside the continuous batch (the pipeline's ``StructuredOutputConfig(json_schema=…)``,
-xgrammar), strict or not, so its text is a JSON object valid for the schema unless its
-token budget cut it; the grammar ends it with an end-of-sequence token after the object.
-Stop strings still apply (a stop string inside the object cuts it: the vote's validation
-drops that sample). The pipeline compiles a schema's grammar when it first samples for it
-(xgrammar caches it by its text: a schema seen before costs nothing more); a schema it
-cannot compile (a ``pattern`` with a lookahead or a back-reference) fails that step: its
-row is then refused constraint (a strict row fails with the compiler's message; another
-runs unconstrained, its text left to the vote's validation), the engine remembers the
-schema, and the step's other rows resume. A structured row that resumes (preempted, or its
-process died) starts again from its prompt with its first seed, since a grammar cannot
-start inside an object: on the default f16 weights it draws the same tokens again.
+in the continuous batch (``StructuredOutputConfig``, xgrammar), strict or not. A schema the
+pipeline cannot compile fails that step: its strict rows fail, its other rows run
+unconstrained, the step's other rows resume. A resumed structured row starts again from its
+prompt with its first seed (a grammar cannot start inside an object). docs/engines.md.
 
 The KV cache is allocated at start: ``PONDER_ENGINE_KV_TOKENS`` positions over all rows
 (0: 1,024 per row of ``PONDER_ENGINE_MAX_ROWS``).
@@ -458,16 +450,7 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             return 0
         self._stepped = True
         if answer[0] == "failed":
-            self._sent.clear()
-            self._leaders.clear()
-            suspects = [sent[rid] for rid in answer[2] if rid in sent]
-            if not suspects:
-                self._fail(list(sent.values()), EngineError(f"generation failed: {answer[1]}"))
-                return 0
-            self._refuse(suspects, answer[1])
-            for resumed in sent.values():  # the step failed for the suspects' schemas
-                if resumed.finish is None:
-                    self._send(resumed)
+            self._failed(sent, answer[1], answer[2])
             return 0
         _, produced, ended = answer
         tokens = 0
@@ -489,6 +472,20 @@ class OpenVINOEngine(LocalModelEngine["_Row"]):
             else:
                 row.finish = "length" if len(row.tokens) >= row.max_new_tokens else "stop"
         return tokens
+
+    def _failed(self, sent: dict[int, _Row], message: str, suspects: list[int]) -> None:
+        """The step failed (the process dropped every request): the rows fail, unless it
+        names suspects (new schemas): those are refused and every other row resumes."""
+        self._sent.clear()
+        self._leaders.clear()
+        refused = [sent[rid] for rid in suspects if rid in sent]
+        if not refused:
+            self._fail(list(sent.values()), EngineError(f"generation failed: {message}"))
+            return
+        self._refuse(refused, message)
+        for row in sent.values():
+            if row.finish is None:
+                self._send(row)
 
     def _refuse(self, rows: list[_Row], message: str) -> None:
         """The pipeline could not compile these rows' schemas: a strict row fails, the
