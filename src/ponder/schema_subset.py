@@ -8,7 +8,9 @@ decoding to and the per-field vote can vote over (docs/structured.md):
 - each subschema names a ``type`` (one of :data:`TYPES`) or an ``enum``/``const``;
 - ``object``: ``properties``, ``required``, ``additionalProperties`` (a boolean);
 - ``array``: ``items`` (one schema), ``minItems``, ``maxItems``;
-- ``string``: ``minLength``, ``maxLength``, ``pattern``, ``format`` (an annotation);
+- ``string``: ``minLength``, ``maxLength``, ``pattern`` (a regular expression without
+  lookaround or back-references: the grammar engines cannot constrain to those),
+  ``format`` (an annotation);
 - numbers: ``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``;
 - anywhere: ``title``, ``description``, ``default``, ``examples``.
 
@@ -20,6 +22,7 @@ all.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
@@ -84,6 +87,9 @@ def _problems(schema: Mapping[str, Any], path: str, depth: int) -> Iterator[str]
         if key not in allowed:
             yield f"{where}: {key!r} does not apply to type {kinds!r}"
             return
+    if (why := _pattern_problem(schema.get("pattern"))) is not None:
+        yield f"{where}: 'pattern' {why}"
+        return
     if isinstance(schema.get("additionalProperties"), dict):
         yield f"{where}: 'additionalProperties' must be true or false"
         return
@@ -96,6 +102,22 @@ def _problems(schema: Mapping[str, Any], path: str, depth: int) -> Iterator[str]
             yield f"{inner}: give a schema object (true and false are not supported)"
             return
         yield from _problems(sub, inner, depth + 1)
+
+
+#: what a grammar cannot constrain to: lookahead, lookbehind, back-references
+_UNCONSTRAINABLE = re.compile(r"\(\?<?[=!]|\(\?P=|\\[1-9]|\\k<")
+
+
+def _pattern_problem(pattern: Any) -> str | None:
+    if pattern is None:
+        return None
+    try:
+        re.compile(pattern)
+    except (re.error, TypeError) as e:
+        return f"is not a regular expression ({e})"
+    if _UNCONSTRAINABLE.search(pattern):
+        return "uses lookaround or a back-reference, which decoding cannot be constrained to"
+    return None
 
 
 def _properties(schema: Mapping[str, Any]) -> Iterator[str]:
