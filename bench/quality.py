@@ -162,7 +162,7 @@ async def live(args: argparse.Namespace) -> int:
             append_record(out, line)
             print(f"live {record['key']}: {line['standard']['answer']!r}", flush=True)
 
-    async with running_service(args, "ponder-live-") as (settings, store):
+    async with running_service(args, "ponder-live-") as (settings, store, _runtime):
         await asyncio.gather(*(one(r) for r in todo))
     return 0
 

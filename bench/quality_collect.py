@@ -271,7 +271,7 @@ async def collect(args: Any) -> int:
         compact(checkpoint)
         return 0
     started = time.monotonic()
-    async with running_service(args, "ponder-quality-") as (settings, store):
+    async with running_service(args, "ponder-quality-") as (settings, store, _runtime):
         print(f"engine ready in {time.monotonic() - started:.0f}s", flush=True)
         await _collect(args, settings, store, todo, checkpoint, started)
     compact(checkpoint)
@@ -279,8 +279,9 @@ async def collect(args: Any) -> int:
 
 
 @contextlib.asynccontextmanager
-async def running_service(args: Any, prefix: str) -> AsyncIterator[tuple[Any, Any]]:
-    """The worker runtime over an embedded store in a fresh directory: (settings, store)."""
+async def running_service(args: Any, prefix: str) -> AsyncIterator[tuple[Any, Any, Any]]:
+    """The worker runtime over an embedded store in a fresh directory: (settings, store,
+    runtime)."""
     from ponder.runtime import WorkerRuntime
     from ponder.store import create_store
 
@@ -291,7 +292,7 @@ async def running_service(args: Any, prefix: str) -> AsyncIterator[tuple[Any, An
     runtime = WorkerRuntime(settings, store, workers=1)
     try:
         await runtime.start()
-        yield settings, store
+        yield settings, store, runtime
     finally:
         await runtime.stop()
         await store.close()

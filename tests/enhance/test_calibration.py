@@ -71,6 +71,24 @@ def test_a_mode_fitted_without_the_cap_states_its_model_probability() -> None:
     assert LogisticModel.from_json({"intercept": 2.0, "coef": {}}).cap is True
 
 
+def test_a_structured_field_uses_the_fields_model_where_one_was_fitted() -> None:
+    mode = LogisticModel(2.0, {}, cap=False)
+    fields = LogisticModel(-1.0, {"kind_number": 3.0}, cap=False)
+    without = Calibration(mode, {"standard": mode}, {})
+    with_fields = Calibration(mode, {"standard": mode}, {}, fields=fields)
+    number = {"kind_number": 1.0}
+    # no fields' model: a field is scored as the mode scores a whole answer
+    assert without.field_confidence("standard", number, 1, 1) == pytest.approx(mode.predict({}))
+    assert with_fields.field_confidence("standard", number, 1, 1) == pytest.approx(
+        1 / (1 + math.exp(-2.0))
+    )
+    assert with_fields.field_confidence("standard", {}, 1, 1) == pytest.approx(
+        1 / (1 + math.exp(1.0))
+    )
+    assert Calibration.from_json(with_fields.to_json()) == with_fields
+    assert Calibration.from_json(without.to_json()).fields is None
+
+
 def test_features_handle_missing_log_probabilities() -> None:
     features = sample_features(_sample(None, "length"), 1.0, "math", "")
     assert set(features) == set(SAMPLE_FEATURES)

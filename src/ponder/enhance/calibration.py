@@ -111,6 +111,10 @@ class Calibration:
     sample: LogisticModel
     modes: Mapping[str, LogisticModel]
     info: Mapping[str, Any]
+    #: a structured result's fields (fitted on ``bench/structured.py``'s fit half), over
+    #: :func:`result_features` and the leaf's kind (``kind_<kind>``); None: the mode's
+    #: result model scores a field as it scores a whole answer
+    fields: LogisticModel | None = None
 
     def sample_confidence(self, features: Mapping[str, float]) -> float:
         return self.sample.predict(features)
@@ -124,19 +128,33 @@ class Calibration:
         p = model.predict(features)
         return min(p, laplace_cap(votes, finished)) if model.cap else p
 
+    def field_confidence(
+        self, mode: str, features: Mapping[str, float], votes: int, finished: int
+    ) -> float:
+        """P(a structured result's field is right): the fields' model where one was
+        fitted, else the mode's result model."""
+        if self.fields is None:
+            return self.result_confidence(mode, features, votes, finished)
+        p = self.fields.predict(features)
+        return min(p, laplace_cap(votes, finished)) if self.fields.cap else p
+
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Calibration:
+        fields = data.get("fields")
         return cls(
             sample=LogisticModel.from_json(data["sample"]),
             modes={m: LogisticModel.from_json(v) for m, v in data["modes"].items()},
             info=data.get("info", {}),
+            fields=LogisticModel.from_json(fields) if fields else None,
         )
 
     def to_json(self) -> dict[str, Any]:
+        fields = {"fields": self.fields.to_json()} if self.fields is not None else {}
         return {
             "info": dict(self.info),
             "sample": self.sample.to_json(),
             "modes": {m: v.to_json() for m, v in self.modes.items()},
+            **fields,
         }
 
 

@@ -170,9 +170,11 @@ class StructuredStrategy(Strategy):
         return self.calibration.sample_confidence(features)
 
     # --- the vote -----------------------------------------------------------------------
-    def field_confidence(self, leaf: Leaf, voters: Sequence[Sample], finished: int) -> float:
-        """P(the field's voted value is right): the mode's result model over the field's
-        vote and its winners' per-field sample confidences."""
+    def field_features(
+        self, leaf: Leaf, voters: Sequence[Sample], finished: int
+    ) -> dict[str, float]:
+        """What a field's confidence is computed from: the field's vote and its winners'
+        per-field sample confidences (:func:`result_features`), and its kind."""
         winners = [voters[i] for i in leaf.winners]
         features = result_features(
             votes=len(winners),
@@ -183,7 +185,15 @@ class StructuredStrategy(Strategy):
             signals=[1.0] * len(winners),
             confidences=[self.leaf_sample_confidence(s, leaf) for s in winners],
         )
-        return self.calibration.result_confidence(self.mode.value, features, len(winners), finished)
+        return {**features, f"kind_{leaf.kind}": 1.0}
+
+    def field_confidence(self, leaf: Leaf, voters: Sequence[Sample], finished: int) -> float:
+        """P(the field's voted value is right): the fields' model fitted on the structured
+        benchmark where the calibration has one, else the mode's result model."""
+        features = self.field_features(leaf, voters, finished)
+        return self.calibration.field_confidence(
+            self.mode.value, features, len(leaf.winners), finished
+        )
 
     def vote(self, voters: Sequence[Sample], finished: int | None = None) -> FieldwiseVote:
         """The field-wise vote over valid samples; with ``finished`` (the finished
