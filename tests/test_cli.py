@@ -164,6 +164,69 @@ async def test_a_bad_submit_flag_is_one_line_and_sends_nothing(
     assert line.startswith(f"error 422 invalid: {field}: "), line
 
 
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+}
+
+
+async def test_submit_a_schema_prints_the_object_and_each_field(
+    sqlite_settings: Settings, tmp_path: Path
+) -> None:
+    schema = tmp_path / "person card.json"
+    schema.write_text(json.dumps(PERSON))
+    async with LiveServer(sqlite_settings, workers=1) as live:
+        code, out, err = await run_cli(
+            "submit", "Who?", "--schema", str(schema), "--wait", "--json", "--url", live.url
+        )
+        assert code == 0, err
+        task = json.loads(out)
+        assert task["response_format"]["json_schema"]["name"] == "person_card"
+        assert task["response_format"]["json_schema"]["strict"] is True
+        assert task["response_format"]["json_schema"]["schema"] == PERSON
+        code, out, err = await run_cli("get", task["id"], "--url", live.url)
+        assert code == 0, err
+    answer = task["result"]["object"]
+    assert json.dumps(answer, indent=2, ensure_ascii=False) in out
+    for field, vote in task["result"]["fields"].items():
+        row = re.search(rf"^{re.escape(field)}\s+(.+?)\s+([0-9.]+)\s+([0-9.]+)\s*$", out, re.M)
+        assert row is not None, out
+        assert (json.loads(row[1]), row[2]) == (vote["value"], f"{vote['confidence']:.2f}")
+
+
+@pytest.mark.parametrize(
+    ("content", "fragment"),
+    [
+        (None, "--schema: cannot read"),
+        ("{not json", "is not a JSON file"),
+        (
+            json.dumps({"type": "object", "properties": {"a": {"anyOf": []}}}),
+            "error 422 invalid: response_format.json_schema.schema: properties.a.anyOf",
+        ),
+        (json.dumps([1, 2]), "response_format.json_schema.schema: Input should be a valid dict"),
+        (json.dumps({"type": "string"}), "the schema's root must be"),
+    ],
+)
+async def test_a_bad_schema_file_is_one_line_and_sends_nothing(
+    tmp_path: Path, content: str | None, fragment: str
+) -> None:
+    path = tmp_path / "schema.json"
+    if content is not None:
+        path.write_text(content)
+    # nothing listens at this URL: the file is refused before anything is sent
+    code, out, err = await run_cli(
+        "submit", "x", "--schema", str(path), "--url", "http://127.0.0.1:9"
+    )
+    assert code == 2 and out == ""
+    assert "Traceback" not in err
+    (line,) = err.splitlines()
+    assert fragment in line, line
+
+
 async def test_tasks_and_list_are_one_command(sqlite_settings: Settings) -> None:
     async with LiveServer(sqlite_settings, workers=0) as live:
         code, out, _ = await run_cli("submit", "[[answers: 1]]", "--url", live.url)

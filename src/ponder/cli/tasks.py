@@ -5,12 +5,15 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich import box
 from rich.table import Column, Table
+from rich.text import Text
 
 from ponder.cli.base import (
     EXIT_OK,
@@ -25,7 +28,7 @@ from ponder.cli.base import (
 from ponder.cli.progress import follow
 from ponder.client_core import DEFAULT_URL
 from ponder.errors import ConfigError
-from ponder.types import DEFAULT_MODE, EventName, Mode, Task, TaskStatus, TaskType
+from ponder.types import DEFAULT_MODE, EventName, Mode, Result, Task, TaskStatus, TaskType
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -75,6 +78,19 @@ def _vote_table(votes: dict[str, int], title: str | None = None) -> Table:
     return table
 
 
+def _print_object(result: Result) -> None:
+    """A structured result: the object as indented JSON, then each field's vote."""
+    console.print("answer:")
+    console.print_json(data=result.object)
+    table = Table("field", "value", "confidence", "agreement", box=None, pad_edge=False)
+    for path, vote in (result.fields or {}).items():
+        value = Text(json.dumps(vote.value, ensure_ascii=False))  # no markup in a value
+        table.add_row(Text(path), value, f"{vote.confidence:.2f}", f"{vote.agreement:.2f}")
+    console.print(table)
+    if result.object_from == "sample":
+        console.print("(the fields' winners did not validate together: the best whole sample)")
+
+
 def _print_task(task: Task) -> None:
     status = task.status.value
     color = {"done": "green", "partial_done": "yellow", "running": "cyan", "pending": "cyan"}
@@ -85,18 +101,22 @@ def _print_task(task: Task) -> None:
     )
     result = task.result
     if result is not None:
-        console.print(f"answer: [bold]{result.answer}[/bold]")
+        if result.object is not None:  # a structured task (response_format)
+            _print_object(result)
+        else:
+            console.print(f"answer: [bold]{result.answer}[/bold]")
         facts = [f"confidence {result.confidence:.2f}", f"agreement {result.agreement:.2f}"]
         if result.stage is not None:  # auto mode: where the cascade ended
             facts.append(f"stage {result.stage} of 3")
         if result.stop_reason is not None:
             facts.append(f"stopped: {result.stop_reason}")
         console.print(" · ".join(facts))
-        if result.votes:
+        if result.votes and result.object is None:
             console.print(_vote_table(result.votes))
         if result.clarification:
             console.print(f"[yellow]clarification:[/yellow] {result.clarification}")
-        console.print(result.text)
+        if result.object is None:
+            console.print(result.text)
     elif task.preliminary is not None:
         console.print(f"preliminary answer: [bold]{task.preliminary.answer}[/bold]")
     if task.error is not None:
@@ -116,6 +136,8 @@ _HELP = {
     "max_samples": "the budget: at most this many samples",
     "max_total_tokens": "the budget: completion tokens over all samples; sampling stops when "
     "it is spent, with the best answer so far",
+    "schema": "ask for a structured answer: a JSON file holding a JSON Schema (the object "
+    "the answer must be; named after the file, decoding constrained where the engine can)",
     "wait": "follow the task live, then print the result",
     "wait_timeout": "seconds to follow the task with --wait",
 }
@@ -124,6 +146,20 @@ _HELP = {
 def _unless_given(help_text: str) -> Any:
     """An option left out of the request unless given (the mode's default applies)."""
     return typer.Option(show_default=False, help=help_text)
+
+
+def _response_format(path: Path) -> dict[str, Any]:
+    """``--schema FILE``: the ``response_format`` of the JSON Schema in ``path`` (named after
+    the file, strict); a file that cannot be read or is not JSON is one line, exit 2. The
+    schema itself is checked by the SDK as the API checks it."""
+    try:
+        schema = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise fail(f"--schema: cannot read {path}: {e.strerror or e}") from e
+    except (UnicodeDecodeError, ValueError) as e:
+        raise fail(f"--schema: {path} is not a JSON file: {e}") from e
+    name = re.sub(r"[^A-Za-z0-9_-]", "_", path.stem)[:64] or "schema"
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
 
 
 # The request's own fields are checked by the SDK as the API checks them (one line, exit 2).
@@ -140,6 +176,7 @@ def submit(
     target_confidence: Annotated[float | None, _unless_given(_HELP["target_confidence"])] = None,
     max_samples: Annotated[int | None, _unless_given(_HELP["max_samples"])] = None,
     max_total_tokens: Annotated[int | None, _unless_given(_HELP["max_total_tokens"])] = None,
+    schema: Annotated[Path | None, _unless_given(_HELP["schema"])] = None,
     wait: Annotated[bool, typer.Option(help=_HELP["wait"])] = False,
     wait_timeout: Annotated[float, typer.Option(min=0.1, help=_HELP["wait_timeout"])] = 600,
     as_json: JsonOption = False,
@@ -161,6 +198,7 @@ def submit(
             target_confidence=target_confidence,
             max_samples=max_samples,
             max_total_tokens=max_total_tokens,
+            response_format=_response_format(schema) if schema is not None else None,
         )
         if wait:
             task = follow(client, task, wait_timeout, live=not as_json)
