@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 import ponder
@@ -28,7 +29,7 @@ from ponder.client import (
 )
 from ponder.config import Settings
 from ponder.errors import ConfigError
-from ponder.types import Task, TaskStatus
+from ponder.types import FieldVote, JsonSchemaFormat, ResponseFormat, Task, TaskStatus
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -267,7 +268,40 @@ async def test_preliminary_events_are_typed(server: LiveServer) -> None:
         assert preliminary is not None and preliminary.answer is not None
 
 
+# --- structured answers ---------------------------------------------------------------
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string"},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
+    },
+    "required": ["name", "age"],
+}
+
+
+async def test_submit_a_structured_task(server: LiveServer) -> None:
+    schema = JsonSchemaFormat(name="person", schema=PERSON, strict=True)
+    async with AsyncClient(server.url) as client:
+        structured = ResponseFormat(type="json_schema", json_schema=schema)
+        typed = await client.submit("Who?", response_format=structured)
+        assert typed.response_format is not None and typed.response_format.strict
+        as_json = await client.submit("Any", mode="fast", response_format={"type": "json_object"})
+        assert as_json.response_format == ResponseFormat(type="json_object")
+        done = await client.wait(typed.id, timeout=30)
+    assert done.status == TaskStatus.done and done.result is not None
+    assert isinstance(done.result.object, dict)
+    jsonschema.validate(done.result.object, PERSON)
+    assert done.result.fields is not None
+    assert all(isinstance(vote, FieldVote) for vote in done.result.fields.values())
+
+
 # --- strict input, mirrored -----------------------------------------------------------
+def _with_property(schema: dict[str, Any]) -> dict[str, Any]:
+    """A response_format whose schema has one property ``a`` of ``schema``."""
+    root = {"type": "object", "properties": {"a": schema}}
+    return {"type": "json_schema", "json_schema": {"name": "x", "schema": root}}
+
+
 STRICT = [
     ({"priority": True}, "priority: Input should be a valid integer"),
     ({"samples": "2"}, "samples: Input should be a valid integer"),
@@ -280,6 +314,16 @@ STRICT = [
     ({"early_stop": "yes"}, "early_stop: Input should be a valid boolean"),
     ({"stop": ["ok", ""]}, "stop.1: String should have at least 1 character"),
     ({"prompt": " \n "}, "prompt: the prompt is blank"),
+    # structured answers: the schema checked against the subset, the part named
+    (
+        {"response_format": _with_property({"oneOf": [{"type": "string"}]})},
+        "response_format.json_schema.schema: properties.a: 'oneOf' is not supported",
+    ),
+    ({"response_format": {"type": "json_schema"}}, 'response_format: give "json_schema"'),
+    (
+        {"response_format": _with_property({"type": "number", "maximum": float("nan")})},
+        "response_format.json_schema.schema: `properties.a.maximum` is NaN or Infinity",
+    ),
 ]
 
 
@@ -390,7 +434,7 @@ SUBMIT_PARAMETERS = {
     "callback_url": None, "samples": None, "max_new_tokens": None, "temperature": None,
     "timeout_s": None, "tests": None, "stop": None, "early_stop": None,
     "target_confidence": None, "max_samples": None, "max_total_tokens": None,
-    "metadata": None, "idempotency_key": None,
+    "metadata": None, "response_format": None, "idempotency_key": None,
 }  # fmt: skip
 
 

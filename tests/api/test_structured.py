@@ -7,9 +7,11 @@ from __future__ import annotations
 from typing import Any
 
 import httpx
+import jsonschema
 import pytest
 
 from tests.api.test_tasks import assert_error
+from tests.conftest import wait_for_task
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -17,7 +19,7 @@ PERSON = {
     "type": "object",
     "properties": {
         "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0},
+        "age": {"type": "integer", "minimum": 0, "maximum": 150},
         "role": {"enum": ["buyer", "seller"]},
     },
     "required": ["name", "age", "role"],
@@ -121,3 +123,21 @@ async def test_nan_inside_a_schema_is_422(client: httpx.AsyncClient) -> None:
     message = assert_error(response, 422, "invalid")["error"]["message"]
     assert "response_format.json_schema.schema: `properties.a.maximum` is NaN" in message
     assert (await client.get("/v1/tasks")).json()["data"] == []
+
+
+async def test_a_structured_task_answers_an_object_valid_for_its_schema(
+    client: httpx.AsyncClient,
+) -> None:
+    body = {"prompt": "Who is the buyer?", "mode": "standard", "response_format": JSON_SCHEMA}
+    response = await client.post("/v1/tasks", json=body)
+    assert response.status_code == 202, response.text
+    done = await wait_for_task(client, response.json()["id"])
+    assert done["status"] == "done", done
+    result = done["result"]
+    assert isinstance(result, dict)
+    jsonschema.validate(result["object"], PERSON)
+    assert result["object_from"] in ("fields", "sample")
+    assert set(result["fields"]) >= {"name", "age", "role"}
+    for vote in result["fields"].values():
+        assert 0 <= vote["confidence"] <= 1
+        assert vote["votes"]
