@@ -28,6 +28,7 @@ from ponder.types import DEFAULT_MODE, JsonSchemaFormat, Mode, ResponseFormat, T
 
 __all__ = [
     "ChatMessage",
+    "JsonSchemaBody",
     "ModeField",
     "ResponseFormatBody",
     "StrictBody",
@@ -114,7 +115,7 @@ def _finite_json(value: Any) -> None:
         raise ValueError(f"`{path.lstrip('.')}` is NaN or Infinity, which JSON has no number for")
 
 
-class _JsonSchemaBody(JsonSchemaFormat):
+class JsonSchemaBody(JsonSchemaFormat):
     """``response_format.json_schema`` in a request: as :class:`JsonSchemaFormat`, strict
     (no coercion, ``schema`` by that name only, no NaN inside it)."""
 
@@ -133,7 +134,7 @@ class ResponseFormatBody(ResponseFormat):
 
     model_config = ConfigDict(strict=True)
 
-    json_schema: _JsonSchemaBody | None = None
+    json_schema: JsonSchemaBody | None = None
 
     def format(self) -> ResponseFormat:
         """The same format as the task stores it."""

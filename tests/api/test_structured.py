@@ -125,6 +125,20 @@ async def test_nan_inside_a_schema_is_422(client: httpx.AsyncClient) -> None:
     assert (await client.get("/v1/tasks")).json()["data"] == []
 
 
+async def test_both_request_parsers_make_the_same_structured_task(
+    client: httpx.AsyncClient,
+) -> None:
+    # a valid body is validated in one pass; a run of over 100 digits (inside a string)
+    # leaves it to FastAPI's handler: both keep the same response_format
+    digits = "7" * 101
+    body = {"prompt": f"Who? {digits}", "mode": "fast", "response_format": JSON_SCHEMA}
+    quick = await client.post("/v1/tasks", json={**body, "prompt": "Who?"})
+    slow = await client.post("/v1/tasks", json=body)
+    assert quick.status_code == slow.status_code == 202, slow.text
+    assert quick.json()["response_format"] == slow.json()["response_format"]
+    assert slow.json()["response_format"]["json_schema"]["schema"] == PERSON
+
+
 async def test_a_structured_task_answers_an_object_valid_for_its_schema(
     client: httpx.AsyncClient,
 ) -> None:
