@@ -44,6 +44,10 @@ def test_the_subset_is_accepted(schema: dict[str, Any]) -> None:
         (_obj(a={"type": "string", "pattern": "^(?=x)y"}), "lookaround or a back-reference"),
         (_obj(a={"type": "string", "pattern": "(a)\\1"}), "lookaround or a back-reference"),
         (_obj(a={"type": "array", "items": _obj(b={"oneOf": []})}), "a.items.properties.b"),
+        (_obj(a={"enum": []}), "'enum' must list at least one value"),
+        (_obj(a={"type": "string", "minLength": 5, "maxLength": 2}), "'minLength' (5) is above"),
+        (_obj(a={"type": "number", "minimum": 3, "maximum": 1}), "'minimum' (3) is above"),
+        (_obj(a={"type": "integer", "minimum": 1.2, "maximum": 1.8}), "no integer lies between"),
     ],
 )
 def test_what_is_refused_is_named(schema: Any, message: str) -> None:

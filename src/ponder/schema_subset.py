@@ -14,7 +14,8 @@ decoding to and the per-field vote can vote over (docs/structured.md):
 - numbers: ``minimum``, ``maximum``, ``exclusiveMinimum``, ``exclusiveMaximum``;
 - anywhere: ``title``, ``description``, ``default``, ``examples``.
 
-Anything else (``$ref``, ``anyOf``, ``oneOf``, ``allOf``, ``not``, conditionals,
+A schema no value can satisfy (an empty ``enum``, a minimum above its maximum) is refused
+too. Anything else (``$ref``, ``anyOf``, ``oneOf``, ``allOf``, ``not``, conditionals,
 ``patternProperties``, ``prefixItems``, …) is refused with the path of the keyword, as is a
 schema deeper than :data:`MAX_DEPTH` or with more than :data:`MAX_PROPERTIES` properties in
 all.
@@ -22,6 +23,7 @@ all.
 
 from __future__ import annotations
 
+import math
 import re
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -87,6 +89,9 @@ def _problems(schema: Mapping[str, Any], path: str, depth: int) -> Iterator[str]
         if key not in allowed:
             yield f"{where}: {key!r} does not apply to type {kinds!r}"
             return
+    if (why := _unsatisfiable(schema)) is not None:
+        yield f"{where}: {why}"
+        return
     if (why := _pattern_problem(schema.get("pattern"))) is not None:
         yield f"{where}: 'pattern' {why}"
         return
@@ -102,6 +107,21 @@ def _problems(schema: Mapping[str, Any], path: str, depth: int) -> Iterator[str]
             yield f"{inner}: give a schema object (true and false are not supported)"
             return
         yield from _problems(sub, inner, depth + 1)
+
+
+def _unsatisfiable(schema: Mapping[str, Any]) -> str | None:
+    """Why no value can be valid for ``schema`` (an empty enum, crossed bounds, an
+    integer range with no integer in it), or None."""
+    if "enum" in schema and not schema["enum"]:
+        return "'enum' must list at least one value"
+    for low, high in (("minLength", "maxLength"), ("minItems", "maxItems"),
+                      ("minimum", "maximum")):  # fmt: skip
+        if low in schema and high in schema and schema[low] > schema[high]:
+            return f"{low!r} ({schema[low]}) is above {high!r} ({schema[high]})"
+    bounded = schema.get("type") == "integer" and "minimum" in schema and "maximum" in schema
+    if bounded and math.ceil(schema["minimum"]) > math.floor(schema["maximum"]):
+        return "no integer lies between 'minimum' and 'maximum'"
+    return None
 
 
 #: what a grammar cannot constrain to: lookahead, lookbehind, back-references

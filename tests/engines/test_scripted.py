@@ -365,6 +365,22 @@ async def test_a_structured_row_is_an_object_valid_for_its_schema_the_same_per_s
     assert empty == {}
 
 
+async def test_unbounded_and_half_bounded_numbers_are_drawn(engine: ScriptedEngine) -> None:
+    # a plain {"type": "integer"} once stopped the engine's thread (math.ceil of -inf)
+    numbers = {
+        "type": "object",
+        "properties": {
+            "n": {"type": "integer"},
+            "low": {"type": "integer", "minimum": 5},
+            "high": {"type": "integer", "exclusiveMaximum": -3},
+            "x": {"type": "number"},
+        },
+        "required": ["n", "low", "high", "x"],
+    }
+    (value,) = await objects(engine, req("q", json_schema=numbers, max_new_tokens=200))
+    assert value["low"] >= 5 and value["high"] < -3
+
+
 async def test_directives_steer_the_answer_and_chosen_fields_per_sample(
     engine: ScriptedEngine,
 ) -> None:

@@ -97,11 +97,11 @@ def _number(schema: Mapping[str, Any], rng: random.Random, *, integer: bool) -> 
     low = schema.get("minimum", -math.inf)
     high = schema.get("maximum", math.inf)
     ex_low, ex_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
-    if integer:
-        lo = math.ceil(low) if ex_low is None else math.floor(ex_low) + 1
-        hi = math.floor(high) if ex_high is None else math.ceil(ex_high) - 1
+    if integer:  # an open side stays infinite until _span closes it
+        lo = low if ex_low is None else max(low, math.floor(ex_low) + 1)
+        hi = high if ex_high is None else min(high, math.ceil(ex_high) - 1)
         lo, hi = _span(lo, hi, 100)
-        return rng.randint(int(lo), int(hi))
+        return rng.randint(math.ceil(lo), math.floor(hi))
     lo = max(low, ex_low if ex_low is not None else -math.inf)
     hi = min(high, ex_high if ex_high is not None else math.inf)
     lo, hi = _span(lo, hi, 100.0)
