@@ -41,6 +41,15 @@ def _stop_app() -> Iterator[None]:
     asgi.shutdown_lifespans()
 
 
+def no_5xx_but_a_readyz_not_ready(ctx: Any, response: Any, case: Any) -> bool | None:
+    """No 5xx answer, except ``/readyz``'s documented 503 while the worker loop has not
+    registered yet (it does just after the app starts; a loaded machine widens that gap)."""
+    if case.path == "/readyz" and response.status_code == 503:
+        assert response.json()["status"] == "not_ready"
+        return None
+    return not_a_server_error(ctx, response, case)
+
+
 @schema.parametrize()
 @settings(
     max_examples=40,
@@ -50,7 +59,8 @@ def _stop_app() -> Iterator[None]:
 )
 @pytest.mark.timeout(120)
 def test_no_5xx_and_answers_match_the_schema(case: Any) -> None:
-    case.call_and_validate(headers=AUTH, checks=[not_a_server_error, response_schema_conformance])
+    checks = [no_5xx_but_a_readyz_not_ready, response_schema_conformance]
+    case.call_and_validate(headers=AUTH, checks=checks)
 
 
 # --- hostile bodies -------------------------------------------------------------------
