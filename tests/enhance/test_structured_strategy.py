@@ -206,3 +206,14 @@ def test_preliminary_answers_carry_the_fields() -> None:
     result = s.preliminary([sample(s, 0, ann()), sample(s, 1, ann(age=31)), queued(2)])
     assert result is not None and result.fields is not None
     assert result.object == ann() and result.fields["age"].votes == {"30": 1, "31": 1}
+
+
+def test_a_field_for_reasoning_is_asked_for_the_working_step_by_step() -> None:
+    from ponder.enhance.structured_strategy import json_instruction
+
+    math = {"type": "object", "properties": {"reasoning": {"type": "string"},
+                                             "answer": {"type": "number"}}}  # fmt: skip
+    person = {"type": "object", "properties": {"name": {"type": "string"}}}
+    assert "every calculation" in json_instruction(math, named=True)
+    assert "every calculation" not in json_instruction(person, named=True)
+    assert '"reasoning"' in json_instruction(math, named=True)  # the schema itself

@@ -71,14 +71,24 @@ _KIND_TYPES: Mapping[LeafKind, str] = {
 }
 
 
+#: a top-level property by one of these names is where the model should reason
+_WORKING = frozenset({"reasoning", "working", "explanation", "steps", "thinking", "rationale"})
+
+
 def json_instruction(schema: Mapping[str, Any], named: bool) -> str:
     """The system instruction of a structured task's samples."""
     if not named:
         return "Answer with one JSON object and nothing else: no prose, no code fence."
+    working = ""
+    if any(name in _WORKING for name in schema.get("properties", {})):
+        working = (
+            " In that field, work the problem out step by step: write out every calculation "
+            "with its result, then give the answer fields from that working."
+        )
     return (
         "Answer with one JSON object that is valid for this JSON Schema, and nothing else: "
         "no prose, no code fence. Where the schema has a field for reasoning or working, "
-        "fill it in before the answer fields.\nJSON Schema: "
+        f"fill it in before the answer fields.{working}\nJSON Schema: "
         + json.dumps(schema, ensure_ascii=False)
     )
 
