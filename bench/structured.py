@@ -312,6 +312,8 @@ def methods(strategy: Any, samples: Sequence[Any]) -> dict[str, Any]:
 
 # --- per-field confidence ---------------------------------------------------------------
 KINDS = ("number", "string", "exact", "whole", "members", "presence")
+#: a model's own fields' model needs this many fit-half fields, else it uses the pooled one
+MIN_FIT_FIELDS = 300
 
 
 def scored_fields(
@@ -372,9 +374,12 @@ def write_fields_calibration(fitted: dict[str, Any], pooled: Any) -> None:
 
     data = json.loads(CALIBRATION_PATH.read_text())
     data["default"]["fields"] = pooled.to_json()
-    for model, fields in fitted.items():
-        if model in data["models"]:
+    for model, (fields, fit_count) in fitted.items():
+        # too few fields fit a model poorly: that model borrows the pooled one
+        if model in data["models"] and fit_count >= MIN_FIT_FIELDS:
             data["models"][model]["fields"] = fields.to_json()
+        elif model in data["models"]:
+            data["models"][model].pop("fields", None)
     CALIBRATION_PATH.write_text(json.dumps(data, indent=1) + "\n")
     print(f"wrote the fields' models into {CALIBRATION_PATH}", flush=True)
 
@@ -520,8 +525,9 @@ def report(args: argparse.Namespace) -> None:
         data = replay(model)
         if data["rows"]:
             lines += model_section(data, prose_greedy(model))
-            fitted[model] = fit_fields(data["fields"])
-            lines += calibration_lines(model, data["fields"], fitted[model])
+            model_fit = fit_fields(data["fields"])
+            fitted[model] = (model_fit, sum(r["half"] == 0 for r in data["fields"]))
+            lines += calibration_lines(model, data["fields"], model_fit)
             all_rows += data["fields"]
     if args.write_calibration and fitted:
         write_fields_calibration(fitted, fit_fields(all_rows))

@@ -131,3 +131,11 @@ def test_sample_features_describe_path_type_form_and_prompt() -> None:
 
 def test_a_model_without_its_own_fit_gets_the_pooled_one() -> None:
     assert default_calibration("no-such-model") == default_calibration(None)
+
+
+def test_the_shipped_fields_model_serves_every_model() -> None:
+    # fitted on bench/structured.py's fit half; a model without its own borrows the pooled
+    pooled = default_calibration()
+    assert pooled.fields is not None
+    for model in ("qwen0.5b", "smollm2-135m", "a-model-never-fitted"):
+        assert default_calibration(model).fields is not None

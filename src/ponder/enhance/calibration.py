@@ -234,7 +234,11 @@ def _shipped() -> dict[str, Any]:
 def default_calibration(model: str | None = None) -> Calibration:
     """The calibration shipped with the package (``ponder/enhance/calibration.json``):
     the one fitted for ``model`` (a ``PONDER_MODEL`` name) if there is one, else the one
-    fitted on every benchmark model together."""
+    fitted on every benchmark model together (whose structured fields' model also serves
+    a model without one of its own)."""
     data = _shipped()
     fitted = data.get("models", {}).get(model) if model else None
-    return Calibration.from_json(fitted or data["default"])
+    if fitted is None:
+        return Calibration.from_json(data["default"])
+    # a model fitted on prose alone borrows the pooled structured fields' model
+    return Calibration.from_json({"fields": data["default"].get("fields"), **fitted})
