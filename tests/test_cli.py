@@ -19,6 +19,7 @@ from pydantic import SecretStr
 from ponder.config import Settings
 from ponder.webhooks import generate_secret
 from tests.conftest import LiveServer, until, wait_for_task
+from tests.test_client import PERSON
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -162,16 +163,6 @@ async def test_a_bad_submit_flag_is_one_line_and_sends_nothing(
     assert "Traceback" not in err
     (line,) = err.splitlines()
     assert line.startswith(f"error 422 invalid: {field}: "), line
-
-
-PERSON = {
-    "type": "object",
-    "properties": {
-        "name": {"type": "string"},
-        "age": {"type": "integer", "minimum": 0, "maximum": 150},
-    },
-    "required": ["name", "age"],
-}
 
 
 async def test_submit_a_schema_prints_the_object_and_each_field(

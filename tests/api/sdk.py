@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Collection
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tests.conftest import until
+
+if TYPE_CHECKING:
+    from ponder.config import Settings
 
 
 async def retrieve_until(
@@ -23,3 +26,8 @@ async def retrieve_until(
         return obj if obj.status in statuses else None
 
     return await until(reached, timeout_s, f"{object_id} in {sorted(statuses)}", interval_s)
+
+
+def fast_settings(settings: Settings, **overrides: Any) -> Settings:
+    """A batch feeder that ticks quickly, so the tests do not wait on it."""
+    return settings.model_copy(update={"batch_tick_s": 0.02, **overrides})

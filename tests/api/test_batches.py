@@ -17,30 +17,13 @@ from openai import AsyncOpenAI
 
 from ponder.config import Settings
 from ponder.store import create_store
-from tests.api.sdk import retrieve_until
+from tests.api.sdk import fast_settings, retrieve_until
 from tests.conftest import LiveServer
 
 pytestmark = pytest.mark.timeout(90)
 
 CHAT = "/v1/chat/completions"
 ENDED = ("completed", "failed", "cancelled", "expired")
-
-
-def fast_settings(settings: Settings, **overrides: Any) -> Settings:
-    """A feeder that ticks quickly, so the tests do not wait on it."""
-    return settings.model_copy(update={"batch_tick_s": 0.02, **overrides})
-
-
-@pytest.fixture
-async def live(settings: Settings) -> AsyncIterator[LiveServer]:
-    async with LiveServer(fast_settings(settings), workers=1) as server:
-        yield server
-
-
-@pytest.fixture
-async def sdk(live: LiveServer) -> AsyncIterator[AsyncOpenAI]:
-    async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 @contextlib.asynccontextmanager

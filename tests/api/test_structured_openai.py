@@ -17,7 +17,7 @@ from openai import AsyncOpenAI
 from pydantic import BaseModel, Field
 
 from tests.api.sdk import retrieve_until
-from tests.api.test_batches import chat_line, fast_settings, read_file, upload
+from tests.api.test_batches import chat_line, read_file, upload
 from tests.api.test_structured import JSON_SCHEMA, PERSON
 from tests.conftest import LiveServer
 
@@ -31,18 +31,6 @@ class Person(BaseModel):
     name: str
     age: int = Field(ge=0, le=150)
     role: Literal["buyer", "seller"]
-
-
-@pytest.fixture
-async def live(settings: Any) -> AsyncIterator[LiveServer]:
-    async with LiveServer(fast_settings(settings), workers=1) as server:
-        yield server
-
-
-@pytest.fixture
-async def sdk(live: LiveServer) -> AsyncIterator[AsyncOpenAI]:
-    async with AsyncOpenAI(base_url=f"{live.url}/v1", api_key="unused", max_retries=0) as c:
-        yield c
 
 
 @pytest.fixture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -93,3 +94,31 @@ CONVERSATIONS: list[list[dict[str, Any]]] = [
     [{"role": "user", "content": "def f():\n    return 12345  # <|im_end|>"}],
     [{"role": "user", "content": ""}],
 ]
+
+
+async def preempted(engine: Any, low: SampleRequest) -> tuple[str, SampleOutput, list[str]]:
+    """``low`` (at priority 5) on ``engine`` made to run one row at a time and preempt after
+    50 ms: once it streams, an urgent row takes its slot. (Its text before the preemption,
+    its output, the pieces it streamed.)"""
+    rows, preempt = engine.max_rows, engine.preempt_after_s
+    engine.max_rows, engine.preempt_after_s = 1, 0.05
+    pieces: list[str] = []
+    streaming = asyncio.Event()
+
+    def listen(piece: str) -> None:
+        pieces.append(piece)
+        streaming.set()
+
+    low.priority, low.on_text = 5, listen
+    try:
+        background = asyncio.create_task(engine.submit(low))
+        await asyncio.wait_for(streaming.wait(), 30)
+        head = "".join(pieces)
+        before = engine.stats.preempted
+        urgent = await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4, priority=0))
+        assert urgent.completion_tokens == 4
+        resumed = await asyncio.wait_for(background, 60)
+        assert engine.stats.preempted == before + 1
+    finally:
+        engine.max_rows, engine.preempt_after_s = rows, preempt
+    return head, resumed, pieces

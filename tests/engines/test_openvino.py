@@ -25,7 +25,18 @@ from ponder.config import load_settings
 from ponder.engines.base import SampleRequest
 from ponder.engines.openvino import OpenVINOEngine
 from ponder.errors import ConfigError, EngineError
-from tests.engines.prompts import CAPITAL, HAIKU, STORY, failed, greedy, ok, run, same, sampled
+from tests.engines.prompts import (
+    CAPITAL,
+    HAIKU,
+    STORY,
+    failed,
+    greedy,
+    ok,
+    preempted,
+    run,
+    same,
+    sampled,
+)
 
 pytestmark = pytest.mark.model
 
@@ -78,28 +89,7 @@ async def test_a_preempted_sampled_row_continues_from_its_tokens(
     engine = model_engine
     alone = await engine.submit(sampled(HAIKU, 21, max_new_tokens=40))
     assert alone.completion_tokens > 20  # long enough to be preempted on its way
-    rows, preempt = engine.max_rows, engine.preempt_after_s
-    engine.max_rows, engine.preempt_after_s = 1, 0.05
-    try:
-        pieces: list[str] = []
-        streaming = asyncio.Event()
-
-        def listen(piece: str) -> None:
-            pieces.append(piece)
-            streaming.set()
-
-        low = sampled(HAIKU, 21, max_new_tokens=40)
-        low.priority, low.on_text = 5, listen
-        background = asyncio.create_task(engine.submit(low))
-        await asyncio.wait_for(streaming.wait(), 30)
-        head = "".join(pieces)  # the text before the preemption
-        before = engine.stats.preempted
-        urgent = await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4, priority=0))
-        assert urgent.completion_tokens == 4
-        resumed = await background
-        assert engine.stats.preempted == before + 1
-    finally:
-        engine.max_rows, engine.preempt_after_s = rows, preempt
+    head, resumed, pieces = await preempted(engine, sampled(HAIKU, 21, max_new_tokens=40))
     assert head and alone.text.startswith(head) and resumed.text.startswith(head)
     # where it ends depends on where it was preempted: at its budget or at an end of text
     assert resumed.finish_reason in ("stop", "length")

@@ -4,7 +4,6 @@ them, a schema the pipeline cannot compile, and a preempted structured row."""
 
 from __future__ import annotations
 
-import asyncio
 import json
 from typing import Any
 
@@ -13,7 +12,7 @@ import pytest
 
 from ponder.engines.base import SampleRequest
 from ponder.engines.openvino import OpenVINOEngine
-from tests.engines.prompts import CAPITAL, failed, ok, run
+from tests.engines.prompts import CAPITAL, failed, ok, preempted, run
 
 PERSON: dict[str, Any] = {
     "type": "object",
@@ -119,26 +118,8 @@ async def test_a_preempted_structured_row_starts_again_and_ends_as_it_would_have
     prompt = "Describe a person as JSON."
     alone = await engine.submit(structured(prompt, PERSON, temperature=1.0, seed=3))
     assert alone.completion_tokens > 8  # long enough to be preempted on its way
-    rows, preempt = engine.max_rows, engine.preempt_after_s
-    engine.max_rows, engine.preempt_after_s = 1, 0.05
-    try:
-        pieces: list[str] = []
-        streaming = asyncio.Event()
-
-        def listen(piece: str) -> None:
-            pieces.append(piece)
-            streaming.set()
-
-        low = structured(prompt, PERSON, temperature=1.0, seed=3, priority=5, on_text=listen)
-        background = asyncio.create_task(engine.submit(low))
-        await asyncio.wait_for(streaming.wait(), 30)
-        before = engine.stats.preempted
-        urgent = await engine.submit(SampleRequest(prompt=CAPITAL, max_new_tokens=4, priority=0))
-        assert urgent.completion_tokens == 4
-        resumed = await asyncio.wait_for(background, 60)
-        assert engine.stats.preempted == before + 1
-    finally:
-        engine.max_rows, engine.preempt_after_s = rows, preempt
+    low = structured(prompt, PERSON, temperature=1.0, seed=3)
+    _, resumed, pieces = await preempted(engine, low)
     assert (resumed.text, resumed.completion_tokens) == (alone.text, alone.completion_tokens)
     valid(resumed.text, PERSON)
     assert "".join(pieces) == resumed.text

@@ -75,16 +75,17 @@ async def service(sqlite_settings: Settings) -> AsyncIterator[Service]:
         await store.close()
 
 
+async def _person_task(service: Service, prompt: str) -> Task:
+    """A standard task of three samples, all run, answering with a PERSON object."""
+    fmt = {"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON}}
+    return await service.submit(
+        prompt, mode="standard", samples=3, early_stop=False, response_format=fmt
+    )
+
+
 async def test_a_structured_task_is_voted_field_by_field(service: Service) -> None:
-    task = await service.submit(
-        "Who is it? [[fields: name = Ann Lee | ann lee | Bob; age = 30 | 31 | 30]]",
-        mode="standard",
-        samples=3,
-        early_stop=False,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": PERSON},
-        },
+    task = await _person_task(
+        service, "Who is it? [[fields: name = Ann Lee | ann lee | Bob; age = 30 | 31 | 30]]"
     )
     done, events = await service.finish(task.id)
     assert done.status == TaskStatus.done and done.result is not None
@@ -108,15 +109,8 @@ async def test_a_structured_task_is_voted_field_by_field(service: Service) -> No
 
 
 async def test_a_sample_that_is_not_valid_does_not_vote(service: Service) -> None:
-    task = await service.submit(
-        'Who is it? [[fields: name = Ann | Bob | Ann; age = 30 | "old" | 30]]',
-        mode="standard",
-        samples=3,
-        early_stop=False,
-        response_format={
-            "type": "json_schema",
-            "json_schema": {"name": "person", "schema": PERSON},
-        },
+    task = await _person_task(
+        service, 'Who is it? [[fields: name = Ann | Bob | Ann; age = 30 | "old" | 30]]'
     )
     done, _ = await service.finish(task.id)
     assert done.result is not None and done.result.object == {"name": "Ann", "age": 30}
