@@ -79,7 +79,8 @@ async def burst(client: AsyncClient, mode: str, tasks: int, gap_s: float) -> lis
         return [{**r, "wave": label} for r in rows]
 
     first = asyncio.create_task(wave(half, 1))
-    await asyncio.sleep(gap_s)
+    # the second wave arrives gap_s later, while the first runs (at once if it has ended)
+    await asyncio.wait({first}, timeout=gap_s)
     second = await wave(tasks - half, 2)
     return [*await first, *second]
 
