@@ -26,9 +26,9 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
@@ -477,3 +477,26 @@ if __name__ == "__main__":
         run_as_worker(sys.argv[2])
     else:
         sys.exit(f"usage: {sys.argv[0]} --as-worker ENGINE_LOG")
+
+
+_T = TypeVar("_T")
+
+
+async def bounded(
+    jobs: Sequence[Callable[[], Coroutine[Any, Any, _T]]], limit: int
+) -> AsyncIterator[_T]:
+    """Run ``jobs`` (each a coroutine function of no arguments) at most ``limit`` at once,
+    in order; yield each result as its job ends. The jobs still running are cancelled when
+    the caller stops early or an error ends the loop."""
+    queue = list(jobs)
+    pending: set[asyncio.Task[_T]] = set()
+    try:
+        while queue or pending:
+            while queue and len(pending) < limit:
+                pending.add(asyncio.create_task(queue.pop(0)()))
+            ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+            for job in ended:
+                yield job.result()
+    finally:
+        for job in pending:
+            job.cancel()

@@ -17,8 +17,8 @@ the same id draws the same samples, which is how ``quality.py live`` checks the 
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
+import functools
 import json
 import tempfile
 import time
@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, load_avg
+from harness import RESULTS, bounded, load_avg
 
 DATASETS = (
     "gsm_symbolic", "basic_arithmetic", "chain_sum", "family_relationships", "arithmetic_choice",
@@ -371,26 +371,18 @@ async def _collect(
         }
 
     try:
-        pending: set[asyncio.Task[dict[str, Any]]] = set()
-        queue = list(todo)
-        while queue or pending:
-            while queue and len(pending) < args.in_flight:
-                pending.add(asyncio.create_task(one(*queue.pop(0))))
-            finished, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for job in finished:
-                record = job.result()
-                append_record(checkpoint, record)
-                problems_done += 1
-                std = record["runs"]["standard"]["samples"]
-                greedy = std[0]["answer"]
-                print(
-                    f"[{time.monotonic() - started:6.0f}s] {record['key']}: expected "
-                    f"{record['expected']!r}, greedy {greedy!r}, {record['wall_s']:.0f}s",
-                    flush=True,
-                )
+        jobs = [functools.partial(one, *item) for item in todo]
+        async for record in bounded(jobs, args.in_flight):
+            append_record(checkpoint, record)
+            problems_done += 1
+            std = record["runs"]["standard"]["samples"]
+            greedy = std[0]["answer"]
+            print(
+                f"[{time.monotonic() - started:6.0f}s] {record['key']}: expected "
+                f"{record['expected']!r}, greedy {greedy!r}, {record['wall_s']:.0f}s",
+                flush=True,
+            )
     finally:
-        for job in pending:
-            job.cancel()
         end = {"start": start, "end": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()),
                "wall_s": round(time.monotonic() - started, 1), "problems": problems_done,
                "load_end": load_avg()}  # fmt: skip

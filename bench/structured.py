@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import json
 import math
 import sys
@@ -38,7 +39,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from harness import RESULTS, load_avg
+from harness import RESULTS, bounded, load_avg
 from quality_collect import (
     SEED as MATH_SEED,
 )
@@ -164,19 +165,12 @@ async def collect(args: argparse.Namespace) -> None:
                 },
             }
 
-        pending: set[asyncio.Task[dict[str, Any]]] = set()
-        while todo or pending:
-            while todo and len(pending) < args.in_flight:
-                pending.add(asyncio.create_task(one(*todo.pop(0))))
-            ended, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
-            for job in ended:
-                record = job.result()
-                append_record(path, record)
-                print(
-                    f"[{time.monotonic() - started:6.0f}s] {record['key']}: "
-                    f"{record['wall_s']:.0f}s",
-                    flush=True,
-                )
+        async for record in bounded(
+            [functools.partial(one, *item) for item in todo], args.in_flight
+        ):
+            append_record(path, record)
+            print(f"[{time.monotonic() - started:6.0f}s] {record['key']}: "
+                  f"{record['wall_s']:.0f}s", flush=True)  # fmt: skip
     append_record(
         path.with_suffix(".log"),
         {"end": time.strftime("%F %T UTC", time.gmtime()), "load_end": load_avg()},
