@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, HttpUrl, field_validator, model_validator
 from pydantic_core import ErrorDetails, PydanticCustomError
 
+from ponder.schema_subset import check_schema
 from ponder.types import DEFAULT_MODE, JsonSchemaFormat, Mode, ResponseFormat, TaskType
 
 __all__ = [
@@ -117,7 +118,8 @@ def _finite_json(value: Any) -> None:
 
 class JsonSchemaBody(JsonSchemaFormat):
     """``response_format.json_schema`` in a request: as :class:`JsonSchemaFormat`, strict
-    (no coercion, ``schema`` by that name only, no NaN inside it)."""
+    (no coercion, ``schema`` by that name only, no NaN inside it), the schema inside the
+    supported subset (:func:`ponder.schema_subset.check_schema`, each problem named)."""
 
     model_config = ConfigDict(strict=True, validate_by_name=False, allow_inf_nan=False)
 
@@ -125,6 +127,12 @@ class JsonSchemaBody(JsonSchemaFormat):
     @classmethod
     def _finite_schema(cls, value: Any) -> Any:
         _finite_json(value)
+        return value
+
+    @field_validator("schema_")
+    @classmethod
+    def _in_the_subset(cls, value: dict[str, Any]) -> dict[str, Any]:
+        check_schema(value)
         return value
 
 

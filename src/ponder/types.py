@@ -10,9 +10,7 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-
-from ponder.schema_subset import check_schema
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
     "DEFAULT_MODE",
@@ -210,7 +208,10 @@ class CallbackInfo(BaseModel):
 
 
 class JsonSchemaFormat(BaseModel):
-    """``response_format.json_schema``, as OpenAI's chat API takes it."""
+    """``response_format.json_schema``, as OpenAI's chat API takes it. A request's schema
+    is checked against the supported subset once, on the way in
+    (:class:`ponder.schemas.JsonSchemaBody`); a stored task is read without checking it
+    again."""
 
     model_config = ConfigDict(extra="forbid", validate_by_name=True, serialize_by_alias=True)
 
@@ -220,12 +221,6 @@ class JsonSchemaFormat(BaseModel):
     schema_: dict[str, Any] = Field(alias="schema")
     #: ask the engine to constrain decoding to the schema (docs/structured.md: which can)
     strict: bool = False
-
-    @field_validator("schema_")
-    @classmethod
-    def _in_the_subset(cls, value: dict[str, Any]) -> dict[str, Any]:
-        check_schema(value)
-        return value
 
 
 class ResponseFormat(BaseModel):
