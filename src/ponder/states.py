@@ -3,8 +3,9 @@
 ::
 
     pending ──► running ──► done | partial_done | failed
-       │           │
-       └───────────┴──► cancelled
+       │  │        │
+       │  └────────┴──► cancelled
+       └──► expired  (not started within its queue_timeout_s)
 
 Terminal states never change. Only workers move a task forward (``running`` and the
 ends); the API creates tasks (``pending``) and cancels them.
@@ -28,7 +29,7 @@ __all__ = [
 ]
 
 TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
-    TaskStatus.pending: frozenset({TaskStatus.running, TaskStatus.cancelled}),
+    TaskStatus.pending: frozenset({TaskStatus.running, TaskStatus.cancelled, TaskStatus.expired}),
     TaskStatus.running: frozenset(
         {TaskStatus.done, TaskStatus.partial_done, TaskStatus.failed, TaskStatus.cancelled}
     ),
@@ -36,6 +37,7 @@ TRANSITIONS: dict[TaskStatus, frozenset[TaskStatus]] = {
     TaskStatus.partial_done: frozenset(),
     TaskStatus.failed: frozenset(),
     TaskStatus.cancelled: frozenset(),
+    TaskStatus.expired: frozenset(),
 }
 
 TERMINAL: frozenset[TaskStatus] = frozenset(s for s, nxt in TRANSITIONS.items() if not nxt)

@@ -46,6 +46,8 @@ class TaskStatus(StrEnum):
     partial_done = "partial_done"
     failed = "failed"
     cancelled = "cancelled"
+    #: not started within its ``queue_timeout_s``: it never ran
+    expired = "expired"
 
 
 class SampleStatus(StrEnum):
@@ -144,6 +146,9 @@ class Sample(BaseModel):
     #: is valid for the schema (it votes), else None and ``schema_error`` says why
     object: dict[str, Any] | None = None
     schema_error: str | None = None
+    #: the model that ran the sample (a task escalated to a stronger model keeps the
+    #: samples of the one before, which do not vote in its result)
+    model: str | None = None
 
 
 class FieldVote(BaseModel):
@@ -186,6 +191,11 @@ class Result(BaseModel):
     object: dict[str, Any] | None = None
     fields: dict[str, FieldVote] | None = None
     object_from: Literal["fields", "sample"] | None = None
+    #: the model whose samples voted for this result
+    model: str | None = None
+    #: auto mode: the model the task continued on when its own last stage ended below the
+    #: target (``escalate_to`` in the models file); None when it did not escalate
+    escalated_to: str | None = None
 
 
 class Usage(BaseModel):
@@ -258,6 +268,12 @@ class Task(BaseModel):
     mode: Mode = DEFAULT_MODE
     task_type: TaskType = TaskType.auto
     priority: int = 3
+    #: the model that runs the task (its queue): the one asked for, or, after an
+    #: escalation, the stronger model it continued on (``result.escalated_to``)
+    model: str = "ponder"
+    #: a task not started this many seconds after ``created_at`` ends ``expired``
+    #: (None: no limit)
+    queue_timeout_s: float | None = None
     created_at: datetime = Field(default_factory=utcnow)
     started_at: datetime | None = None
     finished_at: datetime | None = None

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     Field,
+    PrivateAttr,
     SecretStr,
     field_validator,
     model_validator,
@@ -21,6 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
+from ponder.config.models import ModelSpec, load_models
 from ponder.config.modes import NUM_PRIORITIES, SERVED_MODELS, ModeConfig, default_modes
 from ponder.types import Mode
 
@@ -253,6 +255,24 @@ class Settings(BaseSettings):
     openai_max_concurrency: int = Field(
         default=64, ge=1, description="openai engine: requests in flight at most"
     )
+    # --- models (docs/models.md) --------------------------------------------------------
+    models_file: str | None = Field(
+        default=None,
+        description="a TOML file of [models.NAME] tables: the models served (the first is the "
+        "default); unset: one model, `ponder`, from the engine settings",
+    )
+    max_loaded_models: int = Field(
+        default=3,
+        ge=1,
+        description="local models loaded at once by a worker process (the least recently "
+        "used idle one is unloaded to make room)",
+    )
+    queue_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="a task not started this many seconds after it was created ends expired "
+        "(a model's queue_timeout_s and a request's override it); unset: no limit",
+    )
     scripted_step_ms: Annotated[list[float], NoDecode] = Field(
         default_factory=lambda: [0.0, 0.0],
         description="scripted engine latency per step: base,per_row (ms)",
@@ -443,9 +463,14 @@ class Settings(BaseSettings):
             )
         return merged
 
+    #: the models served, by name (the first is the default): :mod:`ponder.config.models`
+    _models: dict[str, ModelSpec] = PrivateAttr(default_factory=dict)
+
     @model_validator(mode="after")
     def _check_as_a_whole(self) -> Settings:
         problems = [problem for check in CROSS_FIELD_CHECKS for problem in check(self)]
+        self._models, in_file = load_models(self)
+        problems += in_file
         if problems:
             raise PydanticCustomError(CONFLICT, "{problems}", {"problems": "\n".join(problems)})
         return self
@@ -456,6 +481,16 @@ class Settings(BaseSettings):
 
     def mode(self, mode: Mode | str) -> ModeConfig:
         return self.modes[Mode(mode)]
+
+    @property
+    def models(self) -> dict[str, ModelSpec]:
+        """The models served, by name, in the models file's order."""
+        return self._models
+
+    @property
+    def default_model(self) -> str:
+        """The model of a request that names none (the models file's first)."""
+        return next(iter(self._models))
 
 
 # --- settings checked as a whole ------------------------------------------------------

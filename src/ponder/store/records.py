@@ -6,9 +6,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import StrEnum
-from typing import Any
+from typing import Any, Literal
 
 from ponder.config import NUM_PRIORITIES
+from ponder.config.models import DEFAULT_MODEL
 from ponder.ids import parse_task_id
 from ponder.types import Task, TaskStatus
 
@@ -17,6 +18,7 @@ __all__ = [
     "Claim",
     "Event",
     "HostRoom",
+    "ModelState",
     "Notice",
     "StoredObject",
     "check_new_task",
@@ -83,6 +85,29 @@ class Claim:
     priority: int
     receipt: str
     record: str | None = field(default=None, compare=False, repr=False)
+    #: the model whose queue the entry is in (:attr:`ponder.types.Task.model`)
+    model: str = DEFAULT_MODEL
+
+
+@dataclass(frozen=True)
+class ModelState:
+    """A model as one live worker serves it (:meth:`Liveness.register_worker`):
+    ``loaded`` (its engine runs), ``loading``, or ``unloaded`` (it loads on its next
+    task); ``resident_mb``: the loaded engine's resident memory (None: not measured, or
+    a remote server's)."""
+
+    model: str
+    worker: str
+    state: Literal["loaded", "loading", "unloaded"]
+    resident_mb: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "worker": self.worker,
+            "state": self.state,
+            "resident_mb": self.resident_mb,
+        }
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 from abc import abstractmethod
+from collections.abc import Sequence
 from typing import Protocol
+
+from ponder.store.records import ModelState
 
 __all__ = ["Liveness"]
 
@@ -18,8 +21,16 @@ class Liveness(Protocol):
 
     # --- workers ----------------------------------------------------------------------
     @abstractmethod
-    async def register_worker(self, worker_id: str, ttl_s: float) -> None:
-        """Mark the worker alive for ``ttl_s`` seconds."""
+    async def register_worker(
+        self, worker_id: str, ttl_s: float, models: Sequence[ModelState] = ()
+    ) -> None:
+        """Mark the worker alive for ``ttl_s`` seconds, serving ``models`` (their states
+        as of now: what :meth:`served_models` reports)."""
+
+    @abstractmethod
+    async def served_models(self) -> list[ModelState]:
+        """The model states of every live worker (a model served by two workers appears
+        twice)."""
 
     @abstractmethod
     async def unregister_worker(self, worker_id: str) -> None:

@@ -11,6 +11,7 @@ from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any, Protocol
 
+from ponder.config.models import DEFAULT_MODEL
 from ponder.store.records import Admission, Claim, Event, Notice
 from ponder.types import Task, TaskStatus
 
@@ -75,8 +76,24 @@ class TaskRecords(Protocol):
         """How many pending tasks are batch lines (``Admission(batch=True)``)."""
 
     @abstractmethod
-    async def queue_depths(self) -> dict[int, int]:
-        """Pending tasks by priority level."""
+    async def queue_depths(self, model: str | None = None) -> dict[int, int]:
+        """Pending tasks by priority level: of ``model``'s queue, or (None) of all models."""
+
+    @abstractmethod
+    async def queue_depths_by_model(self) -> dict[str, dict[int, int]]:
+        """Pending tasks by model, then priority level (models with none may be left out)."""
+
+    @abstractmethod
+    async def expire_due(self, limit: int = 100) -> list[str]:
+        """Ids of up to ``limit`` tasks whose queue deadline (``created_at +
+        queue_timeout_s``) has passed while they were ``pending``, oldest deadline first.
+
+        The store keeps an index of the deadlines of pending tasks (written by
+        :meth:`create_task` for a task with ``queue_timeout_s``, left when the task leaves
+        ``pending``); listing does not change it: the caller writes each task
+        ``expired`` with :meth:`update_task` (a compare-and-set: a task started meanwhile
+        is not touched), which drops it from the index.
+        """
 
     # --- both -------------------------------------------------------------------------
     @abstractmethod
@@ -99,9 +116,24 @@ class TaskRecords(Protocol):
         the write that enters ``cancelled``.
         """
 
+    @abstractmethod
+    async def hand_over(
+        self, task: Task, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        """Move a running task to another model's queue (an escalation): in one atomic
+        step write ``task`` (still ``running``, its ``model`` changed) over its revision,
+        append ``events``, acknowledge ``claim`` and add an entry for the task to the queue
+        of ``task.model`` at ``task.priority`` (its record readable with the claim, as on
+        admission). False (changing nothing) when the record changed since it was read.
+        """
+
 
 class WorkQueue(Protocol):
-    """The per-priority queues of task ids, as the workers see them.
+    """The per-model, per-priority queues of task ids, as the workers see them.
+
+    A task is queued on its model's queue (:attr:`ponder.types.Task.model`) at its
+    priority. The default model's queues (``ponder``, a deployment without a models file)
+    keep the keys they had before there were models.
 
     A claimed entry stays owned by its consumer until :meth:`ack`; an entry whose lease
     was not renewed for ``min_idle_s`` is handed out again by :meth:`reclaim`, and so is
@@ -110,8 +142,12 @@ class WorkQueue(Protocol):
     """
 
     @abstractmethod
-    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
-        """Take the next entry, trying the priority levels in the order given.
+    async def claim(
+        self, consumer: str, priorities: Sequence[int], block_ms: int, *, model: str = DEFAULT_MODEL
+    ) -> Claim | None:
+        """Take the next entry of ``model``'s queues, trying the priority levels in the
+        order given (each model has a queue per priority level: a worker serves one model's
+        tasks, :attr:`Claim.model`).
 
         Waits up to ``block_ms`` for an entry when every level is empty (woken by new
         entries, not by polling where the backend allows it); returns None on timeout.
@@ -120,8 +156,11 @@ class WorkQueue(Protocol):
         """
 
     @abstractmethod
-    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
-        """Take over up to ``limit`` entries, most urgent level first: at once every entry
+    async def reclaim(
+        self, consumer: str, min_idle_s: float, limit: int = 10, *, model: str = DEFAULT_MODEL
+    ) -> list[Claim]:
+        """Take over up to ``limit`` entries of ``model``'s queues, most urgent level
+        first: at once every entry
         of a consumer that is not a live worker (never registered, unregistered, or its
         registration older than its ttl), then entries whose lease was not renewed for
         ``min_idle_s`` seconds. Consumers found dead and left with no entries are removed.
