@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ponder.config.models import ModelSpec, load_models
+from ponder.config.models import DEFAULT_MODEL, ModelSpec, load_models
 from ponder.config.modes import NUM_PRIORITIES, SERVED_MODELS, ModeConfig, default_modes
 from ponder.types import Mode
 
@@ -376,15 +376,10 @@ class Settings(BaseSettings):
     @field_validator("model_aliases")
     @classmethod
     def _check_aliases(cls, value: dict[str, str]) -> dict[str, str]:
-        served = ", ".join(SERVED_MODELS)
-        for alias, target in value.items():
+        for alias in value:
             if not alias or len(alias) > 200 or not alias.isprintable():
                 raise ValueError(f"the alias {alias!r} must be 1 to 200 printable characters")
-            if alias in SERVED_MODELS:
-                raise ValueError(f"{alias!r} is a served name already; aliases name others")
-            if target not in SERVED_MODELS:
-                raise ValueError(f"{alias!r} names {target!r}; give one of {served}")
-        return value
+        return value  # what they name: _aliases_name_served_models, once the models are read
 
     @field_validator(
         "priority_quotas",
@@ -470,7 +465,7 @@ class Settings(BaseSettings):
     def _check_as_a_whole(self) -> Settings:
         problems = [problem for check in CROSS_FIELD_CHECKS for problem in check(self)]
         self._models, in_file = load_models(self)
-        problems += in_file
+        problems += in_file or list(_aliases_name_served_models(self))
         if problems:
             raise PydanticCustomError(CONFLICT, "{problems}", {"problems": "\n".join(problems)})
         return self
@@ -486,6 +481,18 @@ class Settings(BaseSettings):
     def models(self) -> dict[str, ModelSpec]:
         """The models served, by name, in the models file's order."""
         return self._models
+
+    def served_names(self) -> dict[str, tuple[str, Mode | None]]:
+        """The model names requests may give (aliases aside), each with the model and mode
+        it stands for: ``NAME`` and ``NAME-<mode>`` for every model, and ``ponder`` /
+        ``ponder-<mode>`` for the default model (None: the request's own mode, else
+        standard)."""
+        names: dict[str, tuple[str, Mode | None]] = {}
+        for model in (DEFAULT_MODEL, *self._models):
+            target = self.default_model if model == DEFAULT_MODEL else model
+            names[model] = (target, None)
+            names.update({f"{model}-{mode.value}": (target, mode) for mode in Mode})
+        return names
 
     @property
     def default_model(self) -> str:
@@ -563,6 +570,18 @@ def _limits_fit_in_a_body(s: Settings) -> Iterator[str]:
                 f"{what} {var} ({limit} {unit}) can never arrive in a request body of "
                 f"PONDER_MAX_BODY_BYTES ({s.max_body_bytes} bytes): raise "
                 f"PONDER_MAX_BODY_BYTES or lower {var}"
+            )
+
+
+def _aliases_name_served_models(s: Settings) -> Iterator[str]:
+    served = s.served_names()
+    for alias, target in s.model_aliases.items():
+        if alias in served:
+            yield f"PONDER_MODEL_ALIASES: {alias!r} is a served name already; aliases name others"
+        elif target not in served:
+            yield (
+                f"PONDER_MODEL_ALIASES: {alias!r} names {target!r}; give one of "
+                + ", ".join(served)
             )
 
 
