@@ -44,6 +44,7 @@ from ponder.store.records import (
     check_new_task,
     check_priorities,
 )
+from ponder.types import Task
 
 __all__ = [
     "Admission",
@@ -67,6 +68,7 @@ __all__ = [
     "WorkQueue",
     "check_new_task",
     "check_priorities",
+    "queue_deadline",
 ]
 
 
@@ -100,3 +102,11 @@ class TaskStore(Lifecycle, TaskQueue, ObjectStore, Outbox, Liveness, RateLimits,
     - Every method raises :class:`~ponder.errors.StoreUnavailable` when the backend
       cannot be reached within the configured timeout.
     """
+
+
+def queue_deadline(task: Task) -> float | None:
+    """When ``task`` expires if it is still pending (epoch seconds: ``created_at +
+    queue_timeout_s``; the stores' index of deadlines), or None: never."""
+    if task.queue_timeout_s is None:
+        return None
+    return task.created_at.timestamp() + task.queue_timeout_s

@@ -41,6 +41,7 @@ _TERMINAL_EVENTS = {
     TaskStatus.partial_done: "task.partial",
     TaskStatus.failed: "task.failed",
     TaskStatus.cancelled: "task.cancelled",
+    TaskStatus.expired: "task.expired",
 }
 PRELIMINARY = "task.preliminary"
 #: every event a task's callback receives

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from contextlib import AbstractAsyncContextManager
 from types import TracebackType
 from typing import Any, TypeVar
@@ -17,6 +17,7 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 
 from ponder.config import NUM_PRIORITIES, Settings
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import StoreUnavailable
 from ponder.ids import sort_key
 from ponder.store.contract import Lifecycle
@@ -146,9 +147,12 @@ class RedisBase(Lifecycle):
         self._renew = script(lua.RENEW)
         self._release = script(lua.RELEASE)
         self._append = script(lua.APPEND)
+        self._hand_over = script(lua.HAND_OVER)
+        self._expire_due = script(lua.EXPIRE_DUE)
         # liveness and leases
         self._register = script(lua.REGISTER)
         self._live = script(lua.LIVE)
+        self._served = script(lua.SERVED)
         self._acquire_lease = script(lua.ACQUIRE_LEASE)
         self._release_lease = script(lua.RELEASE_LEASE)
         # the webhook outbox
@@ -173,8 +177,16 @@ class RedisBase(Lifecycle):
     def _events_key(self, task_id: str) -> str:
         return f"{self._prefix}:ev:{task_id}"
 
-    def _queue_key(self, priority: int) -> str:
-        return f"{self._prefix}:q:{priority}"
+    def _queue_key(self, priority: int, model: str = DEFAULT_MODEL) -> str:
+        """``{p}:q:{level}`` for the default model (the keys from before there were
+        models), ``{p}:q:{model}:{level}`` for another."""
+        if model == DEFAULT_MODEL:
+            return f"{self._prefix}:q:{priority}"
+        return f"{self._prefix}:q:{model}:{priority}"
+
+    def _queue_keys(self, model: str = DEFAULT_MODEL) -> list[str]:
+        """The queues of every level of ``model``, most urgent first."""
+        return [self._queue_key(p, model) for p in range(NUM_PRIORITIES)]
 
     def _index_key(self, owner: str) -> str:
         return f"{self._prefix}:tasks:{owner}"
@@ -184,8 +196,16 @@ class RedisBase(Lifecycle):
         return f"{self._prefix}:pending"
 
     @property
+    def _deadlines_key(self) -> str:
+        return f"{self._prefix}:deadlines"
+
+    @property
     def _workers_key(self) -> str:
         return f"{self._prefix}:workers"
+
+    @property
+    def _worker_models_key(self) -> str:
+        return f"{self._prefix}:workers:models"
 
     @property
     def _outbox_key(self) -> str:
@@ -203,29 +223,36 @@ class RedisBase(Lifecycle):
 
     async def start(self) -> None:
         async with unavailable(self._timeout):
-            await self._create_groups()
+            await self._create_groups(self._queue_keys())
 
-    async def _create_groups(self) -> None:
-        for p in range(NUM_PRIORITIES):
+    async def _create_groups(self, keys: Sequence[str]) -> None:
+        """The consumer group of each queue in ``keys`` (the stream made if need be)."""
+        for key in keys:
             try:
                 # id 0: entries added before the group existed are delivered too
-                await self._r.xgroup_create(self._queue_key(p), GROUP, id="0", mkstream=True)
+                await self._r.xgroup_create(key, GROUP, id="0", mkstream=True)
             except rexc.ResponseError as e:
                 if "BUSYGROUP" not in str(e):
                     raise
 
-    async def _grouped(self, call: Callable[[], Awaitable[_T]], *, again: bool = True) -> _T:
-        """Run a queue command; if the consumer group is gone (NOGROUP: Redis restarted
-        without persistence, or the streams were deleted; UNBLOCKED: a stream was deleted
-        under a blocking read), recreate the groups and run it again (``again``; else the
-        ResponseError is raised, for the caller to treat as "nothing read")."""
+    async def _grouped(
+        self, keys: Sequence[str], call: Callable[[], Awaitable[_T]], *, again: bool = True
+    ) -> _T:
+        """Run a queue command over the queues ``keys``; if a consumer group is missing
+        (NOGROUP: the model's first read, Redis restarted without persistence, or the
+        streams were deleted; UNBLOCKED: a stream was deleted under a blocking read),
+        create the groups of ``keys`` and run it again (``again``; else the ResponseError
+        is raised, for the caller to treat as "nothing read").
+
+        A model's groups are made on demand this way: a model other than the default has
+        no group until a worker first reads its queues."""
         try:
             return await call()
         except rexc.ResponseError as e:
             if not str(e).startswith(GROUP_LOST):
                 raise
-            log.warning("a queue read failed (%s); recreating the consumer groups", e)
-            await self._create_groups()
+            log.info("a queue read failed (%s); creating the consumer groups", e)
+            await self._create_groups(keys)
             if not again:
                 raise
         return await call()

@@ -16,6 +16,8 @@ __all__ = [
     "CREATE",
     "CREATE_OBJECT",
     "ENQUEUE",
+    "EXPIRE_DUE",
+    "HAND_OVER",
     "LIVE",
     "OUTBOX_HELPERS",
     "RECLAIM",
@@ -24,6 +26,7 @@ __all__ = [
     "RELEASE_LEASE",
     "RENEW",
     "RETRY_DELIVERY",
+    "SERVED",
     "TAKE_TOKEN",
     "UPDATE",
     "UPDATE_OBJECT",
@@ -56,11 +59,12 @@ local function add_deliveries(outbox, notices, prefix, ttl, args, first, last)
 end
 """
 
-# KEYS: task, queue, pending, index, events[, idem]
+# KEYS: task, queue, pending, index, events, deadlines[, idem]
 # ARGV: id, data, status, rev, owner, priority, max_pending, member, event, hash, ttl,
-#       task key prefix, batch ('1': a batch line, admitted against the batch lines only)
+#       task key prefix, batch ('1': a batch line, admitted against the batch lines only),
+#       model ('' for the default model), queue deadline ('' for none; epoch seconds)
 CREATE = """
-local idem = KEYS[6]
+local idem = KEYS[7]
 if idem then
   local prev = redis.call('HMGET', idem, 'hash', 'id')
   -- an idempotency key whose task has expired is free again
@@ -87,6 +91,14 @@ end
 redis.call('XADD', KEYS[2], '*', 'task', ARGV[1], 'data', ARGV[2])
 redis.call('HINCRBY', KEYS[3], 'total', 1)
 redis.call('HINCRBY', KEYS[3], ARGV[6], 1)
+if ARGV[14] ~= '' then  -- another model than the default: counted by model too
+  redis.call('HSET', KEYS[1], 'model', ARGV[14])
+  redis.call('HINCRBY', KEYS[3], 'm:' .. ARGV[14] .. ':' .. ARGV[6], 1)
+end
+if ARGV[15] ~= '' then
+  redis.call('HSET', KEYS[1], 'due', 1)
+  redis.call('ZADD', KEYS[6], ARGV[15], ARGV[1])
+end
 redis.call('ZADD', KEYS[4], 0, ARGV[8])
 redis.call('XADD', KEYS[5], '*', 'event', 'status', 'data', ARGV[9])
 if idem then
@@ -96,20 +108,23 @@ end
 return {'created'}
 """
 
-# KEYS: task, pending, events, outbox, cancel notices, outbox notices[, queue to ack]
+# KEYS: task, pending, events, outbox, cancel notices, outbox notices, deadlines[, queue
+#       to ack]
 # ARGV: expected rev, new rev, data, status, terminal, ttl, task id, delivery key prefix,
 #       number of deliveries, group, entry id to ack ('' with no queue key), then 3 per
 #       delivery: webhook id, data, host; then event name/data pairs
 UPDATE = (
     OUTBOX_HELPERS
     + """
-local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority', 'lane')
+local cur = redis.call('HMGET', KEYS[1], 'rev', 'status', 'priority', 'lane', 'model', 'due')
 if cur[1] ~= ARGV[1] then return 0 end
 redis.call('HSET', KEYS[1], 'data', ARGV[3], 'status', ARGV[4], 'rev', ARGV[2])
 if cur[2] == 'pending' and ARGV[4] ~= 'pending' then
   redis.call('HINCRBY', KEYS[2], 'total', -1)
   redis.call('HINCRBY', KEYS[2], cur[3], -1)
   if cur[4] == 'batch' then redis.call('HINCRBY', KEYS[2], 'batch', -1) end
+  if cur[5] then redis.call('HINCRBY', KEYS[2], 'm:' .. cur[5] .. ':' .. cur[3], -1) end
+  if cur[6] then redis.call('ZREM', KEYS[7], ARGV[7]) end
 end
 local n = tonumber(ARGV[9])
 add_deliveries(KEYS[4], KEYS[6], ARGV[8], ARGV[6], ARGV, 12, 11 + 3 * n)
@@ -119,9 +134,9 @@ end
 for i = 12 + 3 * n, #ARGV, 2 do
   redis.call('XADD', KEYS[3], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
 end
-if KEYS[7] then
-  redis.call('XACK', KEYS[7], ARGV[10], ARGV[11])
-  redis.call('XDEL', KEYS[7], ARGV[11])
+if KEYS[8] then
+  redis.call('XACK', KEYS[8], ARGV[10], ARGV[11])
+  redis.call('XDEL', KEYS[8], ARGV[11])
 end
 if ARGV[5] == '1' then
   redis.call('EXPIRE', KEYS[1], ARGV[6])
@@ -130,6 +145,56 @@ end
 return 1
 """
 )
+
+# KEYS: a running task, events, outbox, outbox notices, the claim's queue, the new queue
+# ARGV: expected rev, new rev, data, status, model ('' for the default), priority, task id,
+#       group, the claim's entry id, delivery key prefix, ttl, number of deliveries, then 3
+#       per delivery (webhook id, data, host), then event name/data pairs.
+# The task moves to the new queue as a running task: no pending count changes.
+HAND_OVER = (
+    OUTBOX_HELPERS
+    + """
+if redis.call('HGET', KEYS[1], 'rev') ~= ARGV[1] then return 0 end
+redis.call('HSET', KEYS[1], 'data', ARGV[3], 'status', ARGV[4], 'rev', ARGV[2],
+           'priority', ARGV[6])
+if ARGV[5] == '' then
+  redis.call('HDEL', KEYS[1], 'model')
+else
+  redis.call('HSET', KEYS[1], 'model', ARGV[5])
+end
+local n = tonumber(ARGV[12])
+add_deliveries(KEYS[3], KEYS[4], ARGV[10], ARGV[11], ARGV, 13, 12 + 3 * n)
+for i = 13 + 3 * n, #ARGV, 2 do
+  redis.call('XADD', KEYS[2], '*', 'event', ARGV[i], 'data', ARGV[i + 1])
+end
+redis.call('XACK', KEYS[5], ARGV[8], ARGV[9])
+redis.call('XDEL', KEYS[5], ARGV[9])
+redis.call('XADD', KEYS[6], '*', 'task', ARGV[7], 'data', ARGV[3])
+return 1
+"""
+)
+
+# KEYS: deadlines; ARGV: now (epoch seconds), limit, task key prefix.
+# The ids of up to `limit` pending tasks past their deadline, oldest first. An entry whose
+# task is gone or no longer pending (not left by a write of this store) is dropped.
+EXPIRE_DUE = """
+local out, limit = {}, tonumber(ARGV[2])
+for _ = 1, 10 do
+  local due = redis.call('ZRANGEBYSCORE', KEYS[1], '-inf', ARGV[1], 'LIMIT', #out,
+                         limit - #out)
+  local stale = 0
+  for _, id in ipairs(due) do
+    if redis.call('HGET', ARGV[3] .. id, 'status') == 'pending' then
+      table.insert(out, id)
+    else
+      redis.call('ZREM', KEYS[1], id)
+      stale = stale + 1
+    end
+  end
+  if stale == 0 or #out >= limit then break end
+end
+return out
+"""
 
 # KEYS: queues in the order to try; ARGV: group, consumer, task key prefix.
 # Returns {key index, id, task, the task's record or false}.
@@ -233,10 +298,30 @@ return 1
 """
 
 # Worker expiry uses the server's clock, so workers on machines with skewed clocks agree.
+# KEYS: workers, worker models; ARGV: worker id, ttl s, the models' states (JSON list)
 REGISTER = """
 local t = redis.call('TIME')
 redis.call('ZADD', KEYS[1], t[1] + t[2] / 1e6 + tonumber(ARGV[2]), ARGV[1])
+redis.call('HSET', KEYS[2], ARGV[1], ARGV[3])
 return 0
+"""
+
+# KEYS: workers, worker models. The model states (JSON lists) of the live workers; those
+# of the workers that are not live are dropped.
+SERVED = """
+local t = redis.call('TIME')
+local now = t[1] + t[2] / 1e6
+local out = {}
+local all = redis.call('HGETALL', KEYS[2])
+for i = 1, #all, 2 do
+  local expiry = redis.call('ZSCORE', KEYS[1], all[i])
+  if expiry and tonumber(expiry) > now then
+    table.insert(out, all[i + 1])
+  else
+    redis.call('HDEL', KEYS[2], all[i])
+  end
+end
+return out
 """
 
 LIVE = """

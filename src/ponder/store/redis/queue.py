@@ -1,4 +1,5 @@
-"""The work queue on Redis: one stream per priority level, read by one consumer group."""
+"""The work queue on Redis: one stream per model and priority level, each read by one
+consumer group (made on a model's first read)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from typing import Any
 
 from redis import exceptions as rexc
 
-from ponder.config import NUM_PRIORITIES
+from ponder.config.models import DEFAULT_MODEL
 from ponder.store.contract import WorkQueue
 from ponder.store.records import Claim, check_priorities
 from ponder.store.redis.base import GROUP, GROUP_LOST, RedisBase, unavailable
@@ -18,7 +19,9 @@ __all__ = ["RedisWorkQueue"]
 class RedisWorkQueue(RedisBase, WorkQueue):
     """:class:`WorkQueue` on Redis Streams: an entry's id is the claim's receipt."""
 
-    async def claim(self, consumer: str, priorities: Sequence[int], block_ms: int) -> Claim | None:
+    async def claim(
+        self, consumer: str, priorities: Sequence[int], block_ms: int, *, model: str = DEFAULT_MODEL
+    ) -> Claim | None:
         """Tries the levels in order, then one XREADGROUP BLOCK over them all.
 
         That blocking read can return entries of several levels at once (when they arrive
@@ -26,13 +29,13 @@ class RedisWorkQueue(RedisBase, WorkQueue):
         are released, which puts them at the end of their queues.
         """
         check_priorities(priorities)
-        keys = [self._queue_key(p) for p in priorities]
+        keys = [self._queue_key(p, model) for p in priorities]
         async with unavailable(self._timeout):
             hit = await self._grouped(
-                lambda: self._claim(keys=keys, args=[GROUP, consumer, self._task_key("")])
+                keys, lambda: self._claim(keys=keys, args=[GROUP, consumer, self._task_key("")])
             )
         if hit:
-            return Claim(hit[2], priorities[hit[0] - 1], hit[1], hit[3] or None)
+            return Claim(hit[2], priorities[hit[0] - 1], hit[1], hit[3] or None, model)
         if block_ms <= 0:  # BLOCK 0 would wait forever
             return None
         read = ("XREADGROUP", "GROUP", GROUP, consumer, "COUNT", 1, "BLOCK", block_ms)
@@ -40,7 +43,9 @@ class RedisWorkQueue(RedisBase, WorkQueue):
         async with unavailable(self._blocking(block_ms)):
             try:
                 reply: Any = await self._grouped(
-                    lambda: lane.call(*read, "STREAMS", *keys, *[">"] * len(keys)), again=False
+                    keys,
+                    lambda: lane.call(*read, "STREAMS", *keys, *[">"] * len(keys)),
+                    again=False,
                 )
             except rexc.ResponseError as e:
                 if not str(e).startswith(GROUP_LOST):
@@ -51,7 +56,9 @@ class RedisWorkQueue(RedisBase, WorkQueue):
             for entry_id, flat in entries:
                 fields = dict(zip(flat[::2], flat[1::2], strict=True))
                 level = keys.index(key)
-                got[level] = Claim(fields["task"], priorities[level], entry_id, fields.get("data"))
+                got[level] = Claim(
+                    fields["task"], priorities[level], entry_id, fields.get("data"), model
+                )
         if not got:
             return None
         first, *rest = (got[i] for i in sorted(got))
@@ -59,32 +66,37 @@ class RedisWorkQueue(RedisBase, WorkQueue):
             await self.release(extra)
         return first
 
-    async def reclaim(self, consumer: str, min_idle_s: float, limit: int = 10) -> list[Claim]:
+    async def reclaim(
+        self, consumer: str, min_idle_s: float, limit: int = 10, *, model: str = DEFAULT_MODEL
+    ) -> list[Claim]:
+        """Looks at ``model``'s streams only: a dead consumer's entries in another model's
+        are left to that model's workers."""
         if limit < 1:
             return []
-        keys = [*(self._queue_key(p) for p in range(NUM_PRIORITIES)), self._workers_key]
+        queues = self._queue_keys(model)
+        keys = [*queues, self._workers_key]
         args: list[str | int] = [GROUP, consumer, int(min_idle_s * 1000), limit]
         async with unavailable(self._timeout):
-            taken = await self._grouped(lambda: self._reclaim(keys=keys, args=args))
-        return [Claim(task_id, int(p), entry_id) for p, entry_id, task_id in taken]
+            taken = await self._grouped(queues, lambda: self._reclaim(keys=keys, args=args))
+        return [Claim(task_id, int(p), entry_id, None, model) for p, entry_id, task_id in taken]
 
     async def renew(self, consumer: str, claims: Sequence[Claim]) -> None:
         """Resets the idle time of the claims ``consumer`` still holds; others are skipped."""
         if not claims:
             return
-        keys = [self._queue_key(c.priority) for c in claims]
+        keys = [self._queue_key(c.priority, c.model) for c in claims]
         async with unavailable(self._timeout):
             args = [GROUP, consumer, *(c.receipt for c in claims)]
-            await self._grouped(lambda: self._renew(keys=keys, args=args))
+            await self._grouped(keys, lambda: self._renew(keys=keys, args=args))
 
     async def ack(self, claim: Claim) -> None:
-        key = self._queue_key(claim.priority)
+        key = self._queue_key(claim.priority, claim.model)
         async with unavailable(self._timeout), self._r.pipeline(transaction=True) as pipe:
             pipe.xack(key, GROUP, claim.receipt)
             pipe.xdel(key, claim.receipt)
             await pipe.execute()
 
     async def release(self, claim: Claim) -> None:
-        keys = [self._queue_key(claim.priority)]
+        keys = [self._queue_key(claim.priority, claim.model)]
         async with unavailable(self._timeout):
             await self._release(keys=keys, args=[GROUP, claim.receipt, claim.task_id])

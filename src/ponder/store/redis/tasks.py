@@ -3,15 +3,25 @@
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Sequence
 from typing import Any
 
 from ponder.config import NUM_PRIORITIES
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.states import is_terminal
+from ponder.store.base import queue_deadline
 from ponder.store.contract import TaskRecords
 from ponder.store.deliveries import task_deliveries
-from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
+from ponder.store.records import (
+    Admission,
+    Claim,
+    Notice,
+    check_new_task,
+    check_page,
+    check_priorities,
+)
 from ponder.store.redis.base import GROUP, RedisBase, index_member, member_id, unavailable
 from ponder.types import Task, TaskStatus
 
@@ -26,10 +36,11 @@ class RedisTaskRecords(RedisBase, TaskRecords):
         check_new_task(task)
         keys = [
             self._task_key(task.id),
-            self._queue_key(task.priority),
+            self._queue_key(task.priority, task.model),
             self._pending_key,
             self._index_key(task.owner),
             self._events_key(task.id),
+            self._deadlines_key,
         ]
         if admission.idempotency_key is not None:
             keys.append(f"{self._prefix}:idem:{task.owner}:{admission.idempotency_key}")
@@ -47,6 +58,8 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             self._ttl,
             self._task_key(""),
             "1" if admission.batch else "0",
+            "" if task.model == DEFAULT_MODEL else task.model,
+            "" if (deadline := queue_deadline(task)) is None else repr(deadline),
         ]
         async with unavailable(self._timeout):
             outcome = await self._create(keys=keys, args=args)
@@ -123,11 +136,46 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             lines = await self._r.hget(self._pending_key, "batch")
         return int(lines or 0)
 
-    async def queue_depths(self) -> dict[int, int]:
-        levels = list(range(NUM_PRIORITIES))
+    async def queue_depths(self, model: str | None = None) -> dict[int, int]:
+        """One HMGET of the pending counts: the levels' (every model's), or the model's.
+
+        The default model's figures are the levels' less the other models' (its tasks
+        have no counts of their own: those admitted before there were models are counted
+        right).
+        """
+        if model == DEFAULT_MODEL:
+            return (await self.queue_depths_by_model()).get(model, _levels())
+        levels = range(NUM_PRIORITIES)
+        fields = [str(p) if model is None else _model_field(model, p) for p in levels]
         async with unavailable(self._timeout):
-            counts = await self._r.hmget(self._pending_key, [str(p) for p in levels])
-        return {p: int(n or 0) for p, n in zip(levels, counts, strict=True)}
+            counts = await self._r.hmget(self._pending_key, fields)
+        return {p: int(n or 0) for p, n in enumerate(counts)}
+
+    async def queue_depths_by_model(self) -> dict[str, dict[int, int]]:
+        """One HGETALL of the pending counts (a few fields per model, no key scan)."""
+        async with unavailable(self._timeout):
+            flat: list[str] = await self._lane.call("HGETALL", self._pending_key)
+        counts = dict(zip(flat[::2], flat[1::2], strict=True))
+        by_model: dict[str, dict[int, int]] = {}
+        default = {p: int(counts.get(str(p)) or 0) for p in range(NUM_PRIORITIES)}
+        for name, n in counts.items():
+            if name.startswith("m:"):
+                model, _, level = name[2:].rpartition(":")
+                depths = by_model.setdefault(model, _levels())
+                depths[int(level)] = int(n)
+                default[int(level)] -= int(n)
+        return {DEFAULT_MODEL: default} | by_model
+
+    async def expire_due(self, limit: int = 100) -> list[str]:
+        """One script over the deadlines' sorted set (ids past their deadline, scored by
+        it); it drops an entry whose task is gone or not pending (never left by
+        :meth:`update_task`, which removes a task's entry when it leaves ``pending``)."""
+        if limit < 1:
+            return []
+        args: list[str | int] = [repr(time.time()), limit, self._task_key("")]
+        async with unavailable(self._timeout):
+            due: list[str] = await self._expire_due(keys=[self._deadlines_key], args=args)
+        return due
 
     # --- both -------------------------------------------------------------------------
     async def update_task(
@@ -163,11 +211,62 @@ class RedisTaskRecords(RedisBase, TaskRecords):
             self._outbox_key,
             self._notice_key(Notice.cancel),
             self._notice_key(Notice.outbox),
+            self._deadlines_key,
         ]
         if ack is not None:
-            keys.append(self._queue_key(ack.priority))
+            keys.append(self._queue_key(ack.priority, ack.model))
         async with unavailable(self._timeout):
             written = await self._update(keys=keys, args=args)
         if written:
             task.rev = new_rev
         return bool(written)
+
+    async def hand_over(
+        self, task: Task, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        if task.status is not TaskStatus.running:
+            raise ValueError("only a running task is handed over to another model")
+        check_priorities([task.priority])
+        new_rev = task.rev + 1
+        deliveries = task_deliveries(task, events)
+        args: list[str | int] = [
+            task.rev,
+            new_rev,
+            task.to_storage(rev=new_rev),
+            task.status.value,
+            "" if task.model == DEFAULT_MODEL else task.model,
+            task.priority,
+            task.id,
+            GROUP,
+            claim.receipt,
+            self._delivery_key(""),
+            self._ttl,
+            len(deliveries),
+        ]
+        for entry in deliveries:
+            args += [entry.webhook_id, entry.to_storage(), entry.host]
+        for name, data in events:
+            args += [name, json.dumps(data)]
+        keys = [
+            self._task_key(task.id),
+            self._events_key(task.id),
+            self._outbox_key,
+            self._notice_key(Notice.outbox),
+            self._queue_key(claim.priority, claim.model),
+            self._queue_key(task.priority, task.model),
+        ]
+        async with unavailable(self._timeout):
+            written = await self._hand_over(keys=keys, args=args)
+        if written:
+            task.rev = new_rev
+        return bool(written)
+
+
+def _levels() -> dict[int, int]:
+    return dict.fromkeys(range(NUM_PRIORITIES), 0)
+
+
+def _model_field(model: str, priority: int) -> str:
+    """The field of ``{p}:pending`` that counts ``model``'s pending tasks at a level
+    (models other than the default only)."""
+    return f"m:{model}:{priority}"

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import aiosqlite
 
-__all__ = ["EXPIRED", "LIVE", "OBJECTS_SCHEMA", "SCHEMA", "create_schema", "purge_expired"]
+__all__ = [
+    "ADDED_COLUMNS",
+    "EXPIRED",
+    "INDEXES",
+    "LIVE",
+    "OBJECTS_SCHEMA",
+    "SCHEMA",
+    "create_schema",
+    "purge_expired",
+]
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (
@@ -15,7 +24,10 @@ CREATE TABLE IF NOT EXISTS tasks (
     sort_key TEXT NOT NULL,
     rev INTEGER NOT NULL,
     data TEXT NOT NULL,
-    expires_at REAL
+    expires_at REAL,
+    lane TEXT,
+    model TEXT NOT NULL DEFAULT 'ponder',
+    deadline REAL
 );
 CREATE INDEX IF NOT EXISTS tasks_by_owner ON tasks (owner, sort_key);
 CREATE INDEX IF NOT EXISTS tasks_by_status ON tasks (status, priority);
@@ -25,9 +37,9 @@ CREATE TABLE IF NOT EXISTS queue (
     task_id TEXT NOT NULL,
     priority INTEGER NOT NULL,
     consumer TEXT,
-    claimed_at REAL
+    claimed_at REAL,
+    model TEXT NOT NULL DEFAULT 'ponder'
 );
-CREATE INDEX IF NOT EXISTS queue_ready ON queue (priority, id) WHERE consumer IS NULL;
 CREATE INDEX IF NOT EXISTS queue_claimed ON queue (claimed_at) WHERE consumer IS NOT NULL;
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -44,7 +56,11 @@ CREATE TABLE IF NOT EXISTS idempotency (
     expires_at REAL NOT NULL,
     PRIMARY KEY (owner, key)
 );
-CREATE TABLE IF NOT EXISTS workers (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS workers (
+    id TEXT PRIMARY KEY,
+    expires_at REAL NOT NULL,
+    models TEXT
+);
 CREATE TABLE IF NOT EXISTS outbox (
     id TEXT PRIMARY KEY,
     host TEXT NOT NULL,
@@ -90,6 +106,24 @@ CREATE TABLE IF NOT EXISTS leases (
 );
 """
 
+#: the columns added since the first schema, by table: a file made before them gets them
+#: (with their defaults: the tasks and queue entries of a file from before there were
+#: models are the default model's)
+ADDED_COLUMNS = {
+    "tasks": {"lane": "TEXT", "model": "TEXT NOT NULL DEFAULT 'ponder'", "deadline": "REAL"},
+    "queue": {"model": "TEXT NOT NULL DEFAULT 'ponder'"},
+    "workers": {"models": "TEXT"},
+}
+
+#: the indexes over added columns (made once the columns are there)
+INDEXES = """
+DROP INDEX IF EXISTS queue_ready;
+CREATE INDEX IF NOT EXISTS queue_ready_by_model ON queue (model, priority, id)
+    WHERE consumer IS NULL;
+CREATE INDEX IF NOT EXISTS tasks_by_deadline ON tasks (deadline)
+    WHERE status = 'pending' AND deadline IS NOT NULL;
+"""
+
 #: a task row that has not expired (takes the time as a parameter)
 LIVE = "(expires_at IS NULL OR expires_at > ?)"
 #: the ids of the expired tasks (takes the time as a parameter)
@@ -97,12 +131,15 @@ EXPIRED = "SELECT id FROM tasks WHERE expires_at <= ?"
 
 
 async def create_schema(db: aiosqlite.Connection) -> None:
-    """Every table, and the tasks' ``lane`` column (added to a file made before it existed)."""
+    """Every table and index, and the :data:`ADDED_COLUMNS` a file made before them lacks."""
     await db.executescript(SCHEMA)
     await db.executescript(OBJECTS_SCHEMA)
-    columns = {row[1] for row in await db.execute_fetchall("PRAGMA table_info(tasks)")}
-    if "lane" not in columns:
-        await db.execute("ALTER TABLE tasks ADD COLUMN lane TEXT")
+    for table, added in ADDED_COLUMNS.items():
+        columns = {row[1] for row in await db.execute_fetchall(f"PRAGMA table_info({table})")}
+        for name, declared in added.items():
+            if name not in columns:
+                await db.execute(f"ALTER TABLE {table} ADD COLUMN {name} {declared}")
+    await db.executescript(INDEXES)
 
 
 async def purge_expired(db: aiosqlite.Connection, now: float) -> None:

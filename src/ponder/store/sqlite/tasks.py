@@ -13,9 +13,17 @@ from ponder.config import NUM_PRIORITIES
 from ponder.errors import IdempotencyConflict, QueueFull
 from ponder.ids import sort_key
 from ponder.states import is_terminal
+from ponder.store.base import queue_deadline
 from ponder.store.contract import TaskRecords
 from ponder.store.deliveries import task_deliveries
-from ponder.store.records import Admission, Claim, Notice, check_new_task, check_page
+from ponder.store.records import (
+    Admission,
+    Claim,
+    Notice,
+    check_new_task,
+    check_page,
+    check_priorities,
+)
 from ponder.store.sqlite.base import PURGE_INTERVAL_S, SqliteBase, first
 from ponder.store.sqlite.outbox import add_deliveries
 from ponder.store.sqlite.schema import LIVE
@@ -60,15 +68,15 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
             if await _backlog(db, batch=admission.batch) >= admission.max_pending:
                 raise QueueFull(admission.max_pending)
             await db.execute(
-                "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?)",
+                "INSERT INTO tasks (id, owner, status, priority, sort_key, rev, data, lane,"
+                " model, deadline) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 (task.id, task.owner, task.status.value, task.priority, sort_key(task.id),
-                 task.rev, task.to_storage()),
+                 task.rev, task.to_storage(), "batch" if admission.batch else None,
+                 task.model, queue_deadline(task)),
             )  # fmt: skip
-            if admission.batch:
-                await db.execute("UPDATE tasks SET lane = 'batch' WHERE id = ?", (task.id,))
             await db.execute(
-                "INSERT INTO queue (task_id, priority) VALUES (?, ?)", (task.id, task.priority)
+                "INSERT INTO queue (task_id, priority, model) VALUES (?, ?, ?)",
+                (task.id, task.priority, task.model),
             )
             await db.execute(
                 "INSERT INTO events (task_id, event, data) VALUES (?, 'status', ?)",
@@ -132,12 +140,36 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
         async with self._conn() as db:
             return await _backlog(db, batch=True)
 
-    async def queue_depths(self) -> dict[int, int]:
+    async def queue_depths(self, model: str | None = None) -> dict[int, int]:
+        sql = "SELECT priority, COUNT(*) FROM tasks WHERE status = 'pending'"
+        params: tuple[str, ...] = ()
+        if model is not None:
+            sql, params = sql + " AND model = ?", (model,)
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(sql + " GROUP BY priority", params)
+        return _levels() | {int(p): int(n) for p, n in rows}
+
+    async def queue_depths_by_model(self) -> dict[str, dict[int, int]]:
         async with self._conn() as db:
             rows = await db.execute_fetchall(
-                "SELECT priority, COUNT(*) FROM tasks WHERE status = 'pending' GROUP BY priority"
+                "SELECT model, priority, COUNT(*) FROM tasks WHERE status = 'pending'"
+                " GROUP BY model, priority"
             )
-        return {p: 0 for p in range(NUM_PRIORITIES)} | {int(p): int(n) for p, n in rows}
+        depths: dict[str, dict[int, int]] = {}
+        for model, p, n in rows:
+            depths.setdefault(model, _levels())[int(p)] = int(n)
+        return depths
+
+    async def expire_due(self, limit: int = 100) -> list[str]:
+        """The pending rows' deadlines are an index of their own (``tasks_by_deadline``,
+        partial: a row leaves it when its status leaves ``pending``)."""
+        async with self._conn() as db:
+            rows = await db.execute_fetchall(
+                "SELECT id FROM tasks WHERE status = 'pending' AND deadline IS NOT NULL"
+                " AND deadline <= ? ORDER BY deadline, id LIMIT ?",
+                (time.time(), max(0, limit)),
+            )
+        return [row[0] for row in rows]
 
     # --- both -------------------------------------------------------------------------
     async def update_task(
@@ -182,3 +214,42 @@ class SqliteTaskRecords(SqliteBase, TaskRecords):
         if added:
             self._notices[Notice.outbox].post(str(added))
         return True
+
+    async def hand_over(
+        self, task: Task, claim: Claim, events: Sequence[tuple[str, dict[str, Any]]] = ()
+    ) -> bool:
+        if task.status is not TaskStatus.running:
+            raise ValueError("only a running task is handed over to another model")
+        check_priorities([task.priority])
+        now = time.time()
+        new_rev = task.rev + 1
+        async with self._tx() as db:
+            cur = await db.execute(
+                "UPDATE tasks SET status = ?, rev = ?, data = ?, priority = ?, model = ?"
+                f" WHERE id = ? AND rev = ? AND {LIVE}",
+                (task.status.value, new_rev, task.to_storage(rev=new_rev), task.priority,
+                 task.model, task.id, task.rev, now),
+            )  # fmt: skip
+            if cur.rowcount != 1:
+                return False
+            added = await add_deliveries(db, task_deliveries(task, events), now, self._ttl)
+            await db.executemany(
+                "INSERT INTO events (task_id, event, data) VALUES (?, ?, ?)",
+                [(task.id, name, json.dumps(data)) for name, data in events],
+            )
+            await db.execute("DELETE FROM queue WHERE id = ?", (int(claim.receipt),))
+            await db.execute(
+                "INSERT INTO queue (task_id, priority, model) VALUES (?, ?, ?)",
+                (task.id, task.priority, task.model),
+            )
+        task.rev = new_rev
+        self._queued.fire()
+        if events and (signal := self._events.get(task.id)) is not None:
+            signal.fire()
+        if added:
+            self._notices[Notice.outbox].post(str(added))
+        return True
+
+
+def _levels() -> dict[int, int]:
+    return dict.fromkeys(range(NUM_PRIORITIES), 0)
