@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from ponder.config.models import DEFAULT_MODEL
 from ponder.ids import IdGenerator
 from ponder.store import TaskStore
 from ponder.store.base import Admission
@@ -16,12 +17,15 @@ ALL = [0, 1, 2, 3, 4, 5]
 ids = IdGenerator("test1")
 
 
-def make_task(priority: int = 3, owner: str = "") -> Task:
-    return Task(id=ids.new_id(), priority=priority, prompt="x", owner=owner)
+def make_task(priority: int = 3, owner: str = "", model: str = DEFAULT_MODEL) -> Task:
+    return Task(id=ids.new_id(), priority=priority, prompt="x", owner=owner, model=model)
 
 
-async def add(store: TaskStore, priority: int = 3, owner: str = "") -> Task:
-    task, created = await store.create_task(make_task(priority, owner), Admission(max_pending=1000))
+async def add(
+    store: TaskStore, priority: int = 3, owner: str = "", model: str = DEFAULT_MODEL
+) -> Task:
+    task = make_task(priority, owner, model)
+    task, created = await store.create_task(task, Admission(max_pending=1000))
     assert created
     return task
 

@@ -11,11 +11,12 @@ import redis.asyncio as aioredis
 
 from ponder.config import Settings
 from ponder.errors import StoreUnavailable
+from ponder.store.base import Admission, ModelState
 from ponder.store.redis import RedisStore, redacted
 from ponder.types import TaskStatus
 from tests.conftest import open_store
 
-from .helpers import ALL, add, advance
+from .helpers import ALL, add, advance, make_task
 
 
 @pytest.fixture
@@ -223,3 +224,79 @@ def test_messages_hide_the_password() -> None:
     assert redacted("redis://:s3cret@host:6379/0") == "redis://:***@host:6379/0"
     assert redacted("redis://user:s3cret@host/0") == "redis://user:***@host/0"
     assert redacted("redis://host:6379/0") == "redis://host:6379/0"
+
+
+# --- several models (#45) ---------------------------------------------------------------
+async def test_the_default_models_queues_keep_their_keys(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    """A running deployment's entries (``{p}:q:{level}``) are still the default model's
+    after an upgrade; another model's queues have keys of their own."""
+    old = await add(store, 3)
+    big = await add(store, 3, model="big")
+    assert await raw.xlen(f"{key_prefix}:q:3") == 1
+    assert await raw.xlen(f"{key_prefix}:q:big:3") == 1
+    assert await raw.hgetall(f"{key_prefix}:pending") == {
+        "total": "2",
+        "3": "2",
+        "m:big:3": "1",
+    }
+    claim = await store.claim("w", ALL, 0)
+    assert claim is not None and claim.task_id == old.id
+    claim = await store.claim("w", ALL, 0, model="big")
+    assert claim is not None and claim.task_id == big.id
+
+
+async def test_a_models_consumer_group_is_made_at_its_first_read_and_again_when_lost(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    queue = f"{key_prefix}:q:big:2"
+    first = await add(store, 2, model="big")
+    assert await raw.xinfo_groups(queue) == []  # the stream came with the entry
+    claim = await store.claim("w", [2], 0, model="big")
+    assert claim is not None and claim.task_id == first.id
+    assert [g["name"] for g in await raw.xinfo_groups(queue)] == ["workers"]
+    await raw.xgroup_destroy(queue, "workers")  # e.g. a restart without persistence
+    second = await add(store, 2, model="big")
+    claim = await store.claim("w", [2], 0, model="big")
+    assert claim is not None and claim.task_id in {first.id, second.id}
+    assert await store.reclaim("w", 60, model="new") == []  # no stream yet: made
+    assert [g["name"] for g in await raw.xinfo_groups(f"{key_prefix}:q:new:0")] == ["workers"]
+
+
+async def test_an_expired_task_expires_and_leaves_the_deadlines(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    task = make_task()
+    task.queue_timeout_s = 0.0
+    task, _ = await store.create_task(task, Admission(max_pending=10))
+    deadlines = f"{key_prefix}:deadlines"
+    assert await raw.zscore(deadlines, task.id) == task.created_at.timestamp()
+    assert await store.expire_due() == [task.id]
+    await advance(store, task, TaskStatus.expired)
+    assert await raw.zscore(deadlines, task.id) is None
+    assert 0 < await raw.ttl(f"{key_prefix}:task:{task.id}") <= store._ttl
+    assert await raw.hget(f"{key_prefix}:pending", "total") == "0"
+
+
+async def test_expire_due_drops_entries_of_tasks_gone(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    gone, kept = make_task(), make_task()
+    for task in (gone, kept):
+        task.queue_timeout_s = 0.0
+        await store.create_task(task, Admission(max_pending=10))
+    await raw.delete(f"{key_prefix}:task:{gone.id}")
+    assert await store.expire_due(limit=1) == [kept.id]
+    assert await raw.zrange(f"{key_prefix}:deadlines", 0, -1) == [kept.id]
+
+
+async def test_model_states_of_workers_gone_are_dropped(
+    store: RedisStore, raw: aioredis.Redis, key_prefix: str
+) -> None:
+    await store.register_worker("w", 30, [ModelState("big", "w", "loaded")])
+    await store.register_worker("gone", 0, [ModelState("big", "gone", "loaded")])
+    assert await store.served_models() == [ModelState("big", "w", "loaded")]
+    assert await raw.hkeys(f"{key_prefix}:workers:models") == ["w"]
+    await store.unregister_worker("w")
+    assert await raw.exists(f"{key_prefix}:workers:models") == 0

@@ -12,12 +12,14 @@ from pathlib import Path
 import pytest
 
 from ponder.config import Settings
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import StoreUnavailable
+from ponder.ids import sort_key
 from ponder.store.sqlite import SqliteStore
 from ponder.types import TaskStatus
 from tests.conftest import open_store
 
-from .helpers import ALL, add, advance
+from .helpers import ALL, add, advance, make_task
 
 
 @pytest.fixture
@@ -130,3 +132,55 @@ async def test_a_write_cancelled_at_any_point_leaves_the_store_usable(store: Sql
             await write
         other = await add(store)  # a write after it still works
         assert await store.get_task(other.id) is not None
+
+
+# --- several models (#45) ---------------------------------------------------------------
+#: the tables that changed, as a file made before there were models has them
+OLD_TABLES = """
+CREATE TABLE tasks (id TEXT PRIMARY KEY, owner TEXT NOT NULL, status TEXT NOT NULL,
+    priority INTEGER NOT NULL, sort_key TEXT NOT NULL, rev INTEGER NOT NULL,
+    data TEXT NOT NULL, expires_at REAL, lane TEXT);
+CREATE INDEX tasks_by_status ON tasks (status, priority);
+CREATE TABLE queue (id INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL,
+    priority INTEGER NOT NULL, consumer TEXT, claimed_at REAL);
+CREATE INDEX queue_ready ON queue (priority, id) WHERE consumer IS NULL;
+CREATE TABLE workers (id TEXT PRIMARY KEY, expires_at REAL NOT NULL);
+"""
+
+
+async def test_a_file_from_before_models_is_migrated_and_its_tasks_are_the_default_models(
+    sqlite_settings: Settings,
+) -> None:
+    old = make_task(2)
+    with sqlite3.connect(sqlite_settings.sqlite_path) as db:
+        db.executescript(OLD_TABLES)
+        db.execute(
+            "INSERT INTO tasks VALUES (?, '', 'pending', 2, ?, 0, ?, NULL, NULL)",
+            (old.id, sort_key(old.id), old.to_storage()),
+        )
+        db.execute("INSERT INTO queue (task_id, priority) VALUES (?, 2)", (old.id,))
+        db.execute("INSERT INTO workers VALUES ('w', 1e12)")
+    db.close()
+    async with open_store(sqlite_settings) as store:
+        assert await store.queue_depths(DEFAULT_MODEL) == {p: int(p == 2) for p in ALL}
+        claim = await store.claim("w", ALL, 0)
+        assert claim is not None and (claim.task_id, claim.model) == (old.id, DEFAULT_MODEL)
+        assert await store.served_models() == []  # a row without model states
+        await add(store, 2, model="big")
+        assert await store.expire_due() == []
+    indexes = {row[0] for row in query(sqlite_settings, "SELECT name FROM sqlite_master")}
+    assert {"queue_ready_by_model", "tasks_by_deadline"} <= indexes
+    assert "queue_ready" not in indexes
+
+
+async def test_a_claim_uses_the_index_of_its_models_queue(
+    store: SqliteStore, sqlite_settings: Settings
+) -> None:
+    plan = query(
+        sqlite_settings,
+        "EXPLAIN QUERY PLAN SELECT id FROM queue WHERE consumer IS NULL AND model = ?"
+        " AND priority = ? ORDER BY id LIMIT 1",
+        "big",
+        2,
+    )
+    assert any("queue_ready_by_model" in str(row[-1]) for row in plan)
