@@ -1,6 +1,6 @@
 """The batch feeder driven tick by tick over a real store (both stores): one feeder at a
 time, lines admitted once on the batch lane, and a batch whose feeder stopped while it
-was finalizing."""
+was finalizing, and lines whose task expired in the queue."""
 
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ from ponder.openai.batches import KIND, new_batch
 from ponder.openai.files import FileStore, file_id_of
 from ponder.store import TaskStore
 from ponder.store.base import StoredObject
+from ponder.types import Result, TaskStatus, utcnow
+from ponder.worker.expiry import expire
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -107,3 +109,41 @@ async def test_a_batch_stopped_while_finalizing_is_finished_by_the_next_feeder(
     assert [json.loads(x)["custom_id"] for x in content.splitlines()] == ["c0", "c1", "c2"]
     assert await store.active_objects(KIND) == []
     assert await store.get_parts(obj.id) == {}
+
+
+async def test_a_line_whose_task_expired_is_a_queue_timeout_error(
+    store: TaskStore, settings: Settings
+) -> None:
+    obj = await make_batch(store, settings, 3)
+    feeder = BatchFeeder(store, settings, holder="f")
+    await feeder.tick()  # validates
+    await feeder.tick()  # admits the three lines: pending, nobody runs them
+    in_flight = (await batch_of(store, obj))["state"]["in_flight"]
+    tasks = await store.get_tasks([in_flight[str(n)] for n in range(3)])
+    assert all(t is not None and t.status == TaskStatus.pending for t in tasks)
+    first, second, third = (t for t in tasks if t is not None)
+    for task in (first, second):
+        task.queue_timeout_s = 1.0  # as the sweeper finds it, past its deadline
+        assert await expire(store, task)
+    third.status, third.started_at = TaskStatus.running, utcnow()
+    assert await store.update_task(third, [("status", {"status": "running"})])
+    third.status, third.finished_at = TaskStatus.done, utcnow()
+    third.result = Result(answer="1", text="It is 1.", confidence=1, agreement=1, votes={"1": 1},
+                          chosen_sample=0)  # fmt: skip
+    assert await store.update_task(third, [("result", third.to_public())])
+    await feeder.tick()  # collects the three, ends the batch
+    data = await batch_of(store, obj)
+    batch = data["batch"]
+    assert batch["status"] == "completed"
+    assert batch["request_counts"] == {"total": 3, "completed": 1, "failed": 2}
+    files = FileStore(store, settings)
+    errors = [
+        json.loads(x) for x in (await files.content(batch["error_file_id"]) or "").splitlines()
+    ]
+    assert [(e["custom_id"], e["response"], e["error"]["code"]) for e in errors] == [
+        ("c0", None, "queue_timeout"),
+        ("c1", None, "queue_timeout"),
+    ]
+    assert "1s queue_timeout_s" in errors[0]["error"]["message"]
+    output = await files.content(batch["output_file_id"])
+    assert output is not None and json.loads(output)["custom_id"] == "c2"

@@ -23,6 +23,7 @@ from ponder.store import OutboxEntry, TaskStore, create_store
 from ponder.store.base import Admission
 from ponder.types import CallbackInfo, Delivery, Result, Task, TaskStatus, utcnow
 from ponder.webhooks import (
+    EVENTS,
     WebhookSender,
     WebhookVerificationError,
     check_callback_url,
@@ -92,6 +93,9 @@ def test_terminal_events() -> None:
     assert terminal_event("partial_done") == "task.partial"
     assert terminal_event("failed") == "task.failed"
     assert terminal_event("cancelled") == "task.cancelled"
+    assert terminal_event(TaskStatus.expired) == "task.expired"
+    assert EVENTS == {"task.preliminary", "task.completed", "task.partial", "task.failed",
+                      "task.cancelled", "task.expired"}  # fmt: skip
     for status in ("pending", "running", "bogus"):
         with pytest.raises(ValueError, match="terminal"):
             terminal_event(status)

@@ -19,6 +19,7 @@ from ponder.config import Settings
 from ponder.store import create_store
 from tests.api.sdk import fast_settings, retrieve_until
 from tests.conftest import LiveServer
+from tests.test_expiry import worker_side
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -243,6 +244,29 @@ async def test_an_expired_batch_keeps_its_finished_lines(settings: Settings) -> 
     assert sorted(o["custom_id"] for o in output) == ["f0", "f1", "f2"]
     assert sorted(e["custom_id"] for e in errors) == ["h0", "h1", "h2"]
     assert {e["error"]["code"] for e in errors} == {"batch_expired"}
+
+
+async def test_lines_not_started_in_time_are_queue_timeout_errors(settings: Settings) -> None:
+    """No worker serves the model and PONDER_QUEUE_TIMEOUT_S is 0.2 s: each line's task
+    expires; each is a line of the error file (``queue_timeout``), counted as failed, and
+    the batch completes."""
+    config = fast_settings(settings, queue_timeout_s=0.2)
+    lines = [chat_line(f"q{i}", "[[answers: 1]]") for i in range(3)]
+    async with serving(config, workers=0) as sdk:
+        batch = await sdk.batches.create(
+            input_file_id=await upload(sdk, lines), endpoint=CHAT, completion_window="24h"
+        )
+        async with worker_side(config):
+            done = await until(sdk, batch.id)
+        errors = await read_file(sdk, done.error_file_id)
+    assert done.status == "completed" and done.output_file_id is None
+    assert done.request_counts is not None
+    assert (done.request_counts.total, done.request_counts.completed) == (3, 0)
+    assert done.request_counts.failed == 3
+    assert sorted(e["custom_id"] for e in errors) == ["q0", "q1", "q2"]
+    for entry in errors:
+        assert entry["response"] is None and entry["error"]["code"] == "queue_timeout"
+        assert "0.2s queue_timeout_s" in entry["error"]["message"]
 
 
 async def test_a_batch_survives_a_restart_of_every_process(settings: Settings) -> None:

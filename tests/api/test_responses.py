@@ -15,9 +15,10 @@ from openai import AsyncOpenAI
 
 from ponder import admission, aio
 from ponder.config import Settings
-from tests.api.sdk import retrieve_until
+from tests.api.sdk import fast_settings, retrieve_until
 from tests.api.test_events import read_stream
 from tests.conftest import LiveServer
+from tests.test_expiry import worker_side
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -248,6 +249,45 @@ async def test_a_stream_left_midway_cancels_its_task_even_when_the_cancel_is_slo
     (task, *_) = (await client.get("/v1/tasks")).json()["data"]
     events = await read_stream(client, task["id"])  # ends when the task does
     assert events[-1][1:] == ("status", {"status": "cancelled"})
+
+
+async def test_a_response_not_started_in_time_fails_with_queue_timeout(
+    settings: Settings,
+) -> None:
+    """No worker serves the model: with PONDER_QUEUE_TIMEOUT_S (here 0.3 s) a background
+    response ends ``failed`` with ``error.code`` ``queue_timeout`` when it polls, when its
+    stream is followed, and a response that waits gets the same; a request's own
+    ``queue_timeout_s`` overrides the default."""
+    config = fast_settings(settings, queue_timeout_s=0.3)
+    async with (
+        LiveServer(config, workers=0) as live,
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
+    ):
+        created = await sdk.responses.create(model="ponder", input="[[answers: 1]]",
+                                             background=True)  # fmt: skip
+        assert created.status == "queued" and created.error is None
+        stream = await sdk.responses.retrieve(created.id, stream=True)
+        async with worker_side(config):
+            events = await _events(stream)
+            failed = await poll(sdk, created.id)
+            own = await sdk.responses.create(
+                model="ponder", input="x", background=True, extra_body={"queue_timeout_s": 0.1}
+            )
+            waited = await sdk.responses.create(model="ponder-fast", input="x")
+            own_failed = await poll(sdk, own.id)
+    assert failed.status == "failed" and failed.error is not None
+    assert failed.error.code == "queue_timeout"  # type: ignore[comparison-overlap]
+    assert "0.3s queue_timeout_s" in failed.error.message
+    assert failed.output == [] and failed.completed_at is None
+    assert failed.usage is not None and failed.usage.output_tokens == 0
+    assert ponder_of(failed)["status"] == "expired"
+    assert [e.type for e in events] == ["response.created", "response.queued", "response.failed"]
+    assert events[-1].response.error.code == "queue_timeout"
+    assert events[-1].response.model_dump() == failed.model_dump()
+    for response in (waited, own_failed):
+        assert response.status == "failed" and response.error is not None
+        assert response.error.code == "queue_timeout"  # type: ignore[comparison-overlap]
+    assert "0.1s" in own_failed.error.message  # type: ignore[union-attr]
 
 
 async def test_store_false_and_delete(sdk: AsyncOpenAI, client: httpx.AsyncClient) -> None:

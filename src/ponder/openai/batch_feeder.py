@@ -25,7 +25,8 @@ within ``PONDER_LEASE_S`` of a crash), so no two processes feed one batch. Each 
    ``cancelling``: queued lines are cancelled, running ones finish) or ``expired`` (the
    ``completion_window`` passed: its lines in flight are cancelled). Finished lines are
    always kept; lines that never ran are in the error file as ``batch_cancelled`` /
-   ``batch_expired``;
+   ``batch_expired``; a line whose task expired in the queue (not started within its
+   ``queue_timeout_s``) is in the error file as ``queue_timeout``, counted as failed;
 5. queues the webhooks of ended background responses and batches in the store's outbox
    (:func:`~ponder.openai.webhooks.enqueue_event`; every worker process's delivery loop
    sends them).
@@ -61,7 +62,7 @@ from ponder.openai.chat import chat_body, completion_body
 from ponder.openai.common import OpenAIError, failure, openai_usage, submit
 from ponder.openai.files import FileStore, file_id_of
 from ponder.openai.responses import KIND as RESPONSE_KIND
-from ponder.openai.responses import parse_response_body, response_object
+from ponder.openai.responses import QUEUE_TIMEOUT, parse_response_body, response_object
 from ponder.openai.webhooks import BATCH_EVENTS, RESPONSE_EVENTS, enqueue_event
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
@@ -324,6 +325,12 @@ class BatchFeeder:
         if task.status == TaskStatus.cancelled and ending in NOT_RUN:
             entry = error_line(line.custom_id, task.id, f"batch_{ending}", NOT_RUN[ending])
             await self._keep(obj, n, entry, ok=None)
+            return
+        if task.status == TaskStatus.expired:  # never ran: an error, counted as failed
+            message = task.error.message if task.error else "not started within its deadline"
+            await self._keep(
+                obj, n, error_line(line.custom_id, task.id, QUEUE_TIMEOUT, message), ok=False
+            )
             return
         try:
             _, render = self._line_task(obj, line)

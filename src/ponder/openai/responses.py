@@ -5,10 +5,11 @@ and its event log the response's stream events.
 A response is a task: ``resp_<task id>``. Its status maps from the task's: ``pending`` →
 ``queued``, ``running`` → ``in_progress``, ``done`` → ``completed``, ``partial_done`` →
 ``incomplete`` (``incomplete_details.reason``: ``partial_samples``), ``failed`` →
-``failed`` (``error``), ``cancelled`` → ``cancelled``. ``output`` is the fused answer as one
-assistant message, ``usage`` counts the prompt once and every sample's output tokens
-(:func:`~ponder.openai.common.openai_usage`), and a ``ponder`` field carries the vote (as
-on the chat route). ``text.format`` (``json_schema`` with its ``name``, ``schema``,
+``failed`` (``error``), ``cancelled`` → ``cancelled``, ``expired`` (not started within its
+``queue_timeout_s``) → ``failed`` with ``error.code`` ``queue_timeout``. ``output`` is the
+fused answer as one assistant message, ``usage`` counts the prompt once and every sample's
+output tokens (:func:`~ponder.openai.common.openai_usage`), and a ``ponder`` field carries
+the vote (as on the chat route). ``text.format`` (``json_schema`` with its ``name``, ``schema``,
 ``strict`` beside ``type``, or ``json_object``) is the task's ``response_format``: the
 output text is then the result's object as JSON text, and the response echoes the format.
 The routes are :mod:`ponder.api.responses`.
@@ -42,6 +43,7 @@ from ponder.types import EventName, Task, TaskStatus, TaskType
 
 __all__ = [
     "KIND",
+    "QUEUE_TIMEOUT",
     "ResponseCreateRequest",
     "ResponseEvents",
     "parse_response_body",
@@ -49,6 +51,8 @@ __all__ = [
 ]
 
 KIND = "response"
+#: ``error.code`` of a response whose task expired in the queue
+QUEUE_TIMEOUT = "queue_timeout"
 _ROLES = frozenset({"user", "system", "developer", "assistant"})
 
 STATUS = {
@@ -58,6 +62,7 @@ STATUS = {
     TaskStatus.partial_done: "incomplete",
     TaskStatus.failed: "failed",
     TaskStatus.cancelled: "cancelled",
+    TaskStatus.expired: "failed",
 }
 #: the stream's last event for each terminal status
 _TERMINAL_EVENTS = {
@@ -65,6 +70,7 @@ _TERMINAL_EVENTS = {
     TaskStatus.partial_done: "response.incomplete",
     TaskStatus.failed: "response.failed",
     TaskStatus.cancelled: "response.cancelled",
+    TaskStatus.expired: "response.failed",
 }
 
 
@@ -92,6 +98,7 @@ class ResponseCreateRequest(BaseModel):
     priority: int = Field(default=3, ge=0, le=5)
     samples: int | None = Field(default=None, ge=1)
     timeout_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: float | None = Field(default=None, gt=0)
     target_confidence: float | None = Field(default=None, gt=0, le=1)
     max_samples: int | None = Field(default=None, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
@@ -182,6 +189,7 @@ def parse_response_body(
         "max_new_tokens": req.max_output_tokens,
         "temperature": req.temperature,
         "timeout_s": req.timeout_s,
+        "queue_timeout_s": req.queue_timeout_s,
         "target_confidence": req.target_confidence,
         "max_samples": req.max_samples,
         "max_total_tokens": req.max_total_tokens,
@@ -245,6 +253,9 @@ def response_object(
     if final and status == TaskStatus.failed:
         code, message = (task.error.code, task.error.message) if task.error else ("failed", "")
         error = {"code": "server_error", "message": f"{code}: {message}"}
+    elif final and status == TaskStatus.expired:
+        message = task.error.message if task.error else "not started within its queue_timeout_s"
+        error = {"code": QUEUE_TIMEOUT, "message": message}
     answered = final and task.result is not None
     finished = task.finished_at if final else None
     return {

@@ -1,6 +1,7 @@
 """Webhooks in OpenAI's shape for responses and batches, signed per Standard Webhooks.
 
-Events: ``response.completed|failed|cancelled|incomplete`` for background responses and
+Events: ``response.completed|failed|cancelled|incomplete`` for background responses (a
+response whose task expired in the queue is ``response.failed``) and
 ``batch.completed|failed|expired|cancelled`` for batches that have a webhook URL (their
 own ``webhook_url``, else ``PONDER_WEBHOOK_URL``). The payload is thin, as OpenAI's::
 
@@ -39,6 +40,7 @@ RESPONSE_EVENTS = {
     TaskStatus.partial_done: "response.incomplete",
     TaskStatus.failed: "response.failed",
     TaskStatus.cancelled: "response.cancelled",
+    TaskStatus.expired: "response.failed",  # not started within its queue_timeout_s
 }
 #: a batch's final status → its event
 BATCH_EVENTS = {

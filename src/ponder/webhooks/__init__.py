@@ -1,7 +1,8 @@
 """Webhooks: Standard Webhooks signatures, the SSRF guard, and the delivery loop.
 
 A task with a ``callback_url`` gets a POST on ``task.preliminary`` and on its terminal
-event (``task.completed``, ``task.partial``, ``task.failed``, ``task.cancelled``).
+event (``task.completed``, ``task.partial``, ``task.failed``, ``task.cancelled``,
+``task.expired``).
 Headers follow https://www.standardwebhooks.com: ``webhook-id`` (the same on every
 retry of one event, so receivers de-duplicate on it), ``webhook-timestamp`` and
 ``webhook-signature`` (``v1,<base64 HMAC-SHA256 of "{id}.{timestamp}.{body}">``).
