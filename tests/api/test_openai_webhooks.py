@@ -14,6 +14,7 @@ from openai import AsyncOpenAI
 from ponder.config import Settings
 from tests.api.test_batches import CHAT, chat_line, until, upload
 from tests.conftest import LiveServer
+from tests.test_expiry import worker_side
 from tests.test_webhooks import SECRET, Receiver, sender_settings
 
 pytestmark = pytest.mark.timeout(60)
@@ -86,6 +87,29 @@ async def test_response_and_batch_webhooks_unwrap_with_the_sdk(settings: Setting
         )
         await asyncio.sleep(0.3)
         assert receiver.arrived.empty()
+
+
+async def test_a_response_that_expired_in_the_queue_sends_response_failed(
+    settings: Settings,
+) -> None:
+    config = hook_settings(settings)
+    async with (
+        Receiver([200]) as receiver,
+        LiveServer(config, workers=0) as live,  # no worker serves the model
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x", max_retries=0) as sdk,
+    ):
+        response = await sdk.responses.create(
+            model="ponder",
+            input="x",
+            background=True,
+            extra_body={"webhook_url": receiver.url, "queue_timeout_s": 0.1},
+        )
+        async with worker_side(config):
+            event = unwrap(sdk, await next_delivery(receiver))
+        assert (event.type, event.data.id) == ("response.failed", response.id)
+        failed = await sdk.responses.retrieve(event.data.id)
+        assert failed.status == "failed" and failed.error is not None
+        assert failed.error.code == "queue_timeout"  # type: ignore[comparison-overlap]
 
 
 async def test_the_configured_webhook_url_and_a_failed_batch(settings: Settings) -> None:
