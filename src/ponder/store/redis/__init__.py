@@ -8,19 +8,32 @@ One class per part of the contract (``tasks``, ``queue``, ``events``, ``objects`
 Keys (all under ``settings.key_prefix``, written as ``{p}``):
 
 - ``{p}:task:{id}``: hash ``data`` (:meth:`Task.to_storage`), ``status``, ``rev``,
-  ``owner``, ``priority``; expires ``task_ttl_s`` after the task reaches a terminal state.
+  ``owner``, ``priority``, and ``model`` for a model other than the default, ``due`` when
+  the task has a queue deadline; expires ``task_ttl_s`` after the task reaches a terminal
+  state.
 - ``{p}:ev:{id}``: the task's event stream (fields ``event``, ``data``); expires with it.
-- ``{p}:q:{0..5}``: one stream per priority level (field ``task``), read by the consumer
-  group ``workers``. An entry's id is the claim's receipt; ack deletes the entry, so a
-  stream holds only queued and in-flight tasks.
-- ``{p}:pending``: hash of pending counts: ``total`` and one field per level.
+- ``{p}:q:{0..5}``: the default model's (``ponder``) streams, one per priority level
+  (field ``task``, and ``data``: the record as admitted), read by the consumer group
+  ``workers``; ``{p}:q:{model}:{0..5}``: another model's. An entry's id is the claim's
+  receipt; ack deletes the entry, so a stream holds only queued and in-flight tasks. A
+  model's groups are made when a worker first reads its queues (and again whenever a read
+  finds one missing: NOGROUP).
+- ``{p}:pending``: hash of pending counts: ``total``, one field per level (every model's
+  tasks) and ``m:{model}:{level}`` for each model other than the default; the default
+  model's counts are the levels' less those (so the tasks admitted before there were
+  models count as the default's), and the fields name the models with queues: no key is
+  scanned for them.
+- ``{p}:deadlines``: sorted set of the ids of pending tasks with a queue deadline, scored
+  by it (``created_at + queue_timeout_s``, epoch seconds); a task leaves it when a write
+  takes it out of ``pending``.
 - ``{p}:tasks:{owner}``: sorted set of ``"{sort_key} {id}"``, all with score 0, so a
   lexicographic range walks an owner's tasks in creation order. Entries of expired
   tasks are dropped when a listing meets them.
 - ``{p}:idem:{owner}:{key}``: hash ``hash`` + ``id`` of an idempotency key, ``task_ttl_s``.
 - ``{p}:workers``: sorted set of worker ids scored by their expiry (Redis server time). A
   consumer of the group that is not in it (or has expired) is dead: :meth:`reclaim` takes
-  its entries at once and then removes it from the group.
+  its entries at once and then removes it from the group. ``{p}:workers:models``: hash
+  of each worker's model states (a JSON list), dropped when a reader finds it not live.
 - ``{p}:outbox``: sorted set of webhook ids scored by when each is due (ms, server time;
   a claimed delivery's score is the end of its lease). ``{p}:dlv:{webhook_id}``: hash
   ``data`` (the :class:`OutboxEntry`), ``host``, ``owner`` (the delivery loop holding it).

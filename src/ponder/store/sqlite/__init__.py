@@ -18,6 +18,10 @@ wake these waiters (claims and events would still be correct, only slower, up to
 ``block_ms``; notices would not reach it).
 
 The pending figures are counted from the tasks table (indexed), so they cannot drift.
+A queue entry's ``model`` (and the task's) names the model whose queues it is on: a file
+made before there were models gets the columns with the default model's name. A task's
+queue ``deadline`` is indexed while it is pending (a partial index: leaving ``pending``
+takes the row out of it, with no write of its own).
 A batch line's row has ``lane`` = ``batch``: other tasks are admitted against the pending
 rows without a lane, batch lines against those with one.
 Expired tasks are invisible at once and deleted (with their events and queue entries)
