@@ -44,13 +44,15 @@ async def test_a_worker_serves_its_own_metrics(redis_settings: Settings, tmp_pat
     got = samples(scraped)
     # the engine's batch (continuous batching: rows admitted, rows by state, throughput)
     assert got[("ponder_engine_queue_wait_seconds_count", ())] >= 4
-    assert ("ponder_engine_rows", (("state", "running"),)) in got
+    assert ("ponder_engine_rows", (("model", "ponder"), ("state", "running"))) in got
     assert got[("ponder_sample_latency_seconds_count", ())] >= 4
     assert got[("ponder_completion_tokens_total", ())] > 0
-    assert ("ponder_engine_tokens_per_second", ()) in got
+    assert ("ponder_engine_tokens_per_second", (("model", "ponder"),)) in got
+    assert got[("ponder_model_loaded", (("model", "ponder"),))] == 1  # loaded at start
     assert got[("ponder_tasks_finished_total", (("status", "done"),))] == 1
     assert got[("ponder_tasks_finished_total", (("status", "failed"),))] == 1
     assert api_side[("ponder_tasks_submitted_total", (("mode", "standard"),))] >= 2
+    assert api_side[("ponder_queue_depth", (("model", "ponder"), ("priority", "3")))] == 0
 
 
 async def test_a_busy_metrics_port_is_a_one_line_error(redis_settings: Settings) -> None:

@@ -535,7 +535,9 @@ class DynamicBatcher:
         else:
             metrics.BATCH_PADDING.observe(0.0)
         if tokens and elapsed_s > 0:
-            metrics.ENGINE_TOKENS_PER_S.set(tokens / elapsed_s)
+            metrics.ENGINE_TOKENS_PER_S.labels(model=self.engine.served_model).set(
+                tokens / elapsed_s
+            )
 
 
 def _fail(entries: list[_Entry], error: BaseException) -> None:

@@ -4,6 +4,9 @@ Each process has its own registry: the all-in-one ``ponder serve`` shows everyth
 ``GET /metrics``, ``ponder api`` shows API and queue figures there, and each
 ``ponder worker`` serves its own (batches, engine, samples, finished tasks, takeovers,
 webhook deliveries) on ``--metrics-port`` (``PONDER_METRICS_PORT``).
+
+The figures of a model carry its name in a ``model`` label (the queue depth, the engine's
+rows and tokens/s, whether it is loaded): ``ponder`` without a models file.
 """
 
 from __future__ import annotations
@@ -17,7 +20,10 @@ REGISTRY = CollectorRegistry()
 _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120)
 
 QUEUE_DEPTH = Gauge(
-    "ponder_queue_depth", "Pending tasks by priority", ["priority"], registry=REGISTRY
+    "ponder_queue_depth",
+    "Pending tasks by priority and model",
+    ["priority", "model"],
+    registry=REGISTRY,
 )
 TASKS_SUBMITTED = Counter(
     "ponder_tasks_submitted_total", "Tasks accepted by the API", ["mode"], registry=REGISTRY
@@ -36,13 +42,27 @@ TOKENS_GENERATED = Counter(
 )
 ENGINE_TOKENS_PER_S = Gauge(
     "ponder_engine_tokens_per_second",
-    "Completion tokens/s of the engine (over the last second of steps, or the last batch)",
+    "Completion tokens/s of a model's engine (over the last second of steps, or the last batch)",
+    ["model"],
     registry=REGISTRY,
 )
 ENGINE_ROWS = Gauge(
     "ponder_engine_rows",
-    "Rows in a local engine by state (running, prefilling, queued)",
-    ["state"],
+    "Rows in a model's local engine by state (running, prefilling, queued)",
+    ["state", "model"],
+    registry=REGISTRY,
+)
+MODEL_LOADED = Gauge(
+    "ponder_model_loaded",
+    "1 while the model's engine is loaded in this worker process, 0 while it is not "
+    "(loaded on its next task)",
+    ["model"],
+    registry=REGISTRY,
+)
+MODEL_LOADS = Counter(
+    "ponder_model_loads_total",
+    "Engine starts of a model in this worker process (the first, and each load on demand)",
+    ["model"],
     registry=REGISTRY,
 )
 ENGINE_QUEUE_WAIT = Histogram(

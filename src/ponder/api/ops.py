@@ -8,6 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from ponder import metrics
 from ponder.api.deps import State, engine_status
+from ponder.config import NUM_PRIORITIES
 from ponder.errors import RecoverableError
 
 __all__ = ["router"]
@@ -55,12 +56,19 @@ async def readyz(request: Request, state: State) -> JSONResponse:
 
 @router.get("/metrics")
 async def prometheus_metrics(state: State) -> Response:
-    """Prometheus text format."""
+    """Prometheus text format. The queue depth is per priority and model: every
+    configured model's levels (0 where none is pending) and any other model with pending
+    tasks."""
     try:
-        depths = await state.store.queue_depths()
+        by_model = await state.store.queue_depths_by_model()
         metrics.OUTBOX_DEPTH.set(await state.store.outbox_depth())
     except RecoverableError:
-        depths = {}
-    for priority, depth in depths.items():
-        metrics.QUEUE_DEPTH.labels(priority=str(priority)).set(depth)
+        by_model = None
+    if by_model is not None:
+        for model in [*state.settings.models, *by_model]:
+            depths = by_model.get(model, {})
+            for priority in range(NUM_PRIORITIES):
+                metrics.QUEUE_DEPTH.labels(priority=str(priority), model=model).set(
+                    depths.get(priority, 0)
+                )
     return Response(generate_latest(metrics.REGISTRY), media_type=CONTENT_TYPE_LATEST)

@@ -3,7 +3,8 @@
 Two sources:
 
 - **the store** (every deployment): pending tasks by priority (the queue depth) and the
-  live workers;
+  live workers; per configured model (``models``): its pending tasks, the live workers
+  that serve it and its load state and resident memory as they registered them;
 - **this process's engine status** (:class:`ponder.status.EngineStatus`, given by the
   all-in-one ``ponder serve``): tasks running in its workers, the engine's live state
   (rows running, prefilling and queued, counters), tokens/s, and tasks finished per
@@ -34,6 +35,7 @@ from fastapi import APIRouter, Depends, Request
 from ponder import metrics
 from ponder.api.deps import Owner, State, engine_status, rate_limit
 from ponder.status import EngineStatus
+from ponder.store.base import ModelState
 from ponder.types import TaskStatus
 
 __all__ = ["router"]
@@ -137,21 +139,61 @@ def _engine_figures(status: EngineStatus, history: _History) -> dict[str, Any]:
     }
 
 
+def _models(
+    configured: list[str], states: list[ModelState], depths: dict[str, dict[int, int]]
+) -> list[dict[str, Any]]:
+    """Each model (the configured ones, then any other a worker serves or a task waits
+    for): pending tasks, live workers serving it, its load state (``loaded`` where one
+    process has it loaded, else ``loading``, else ``unloaded``; None: no live worker) and
+    resident memory (the sum over the processes that have it loaded, each once: a
+    process's worker loops share one engine)."""
+    names = list(dict.fromkeys([*configured, *(s.model for s in states), *depths]))
+    out = []
+    for name in names:
+        mine = [s for s in states if s.model == name]
+        found = {s.state for s in mine}
+        state = next((st for st in ("loaded", "loading", "unloaded") if st in found), None)
+        per_process: dict[str, float] = {}
+        for s in mine:
+            if s.resident_mb is not None:
+                process = s.worker.rpartition("-w")[0] or s.worker
+                per_process[process] = max(per_process.get(process, 0.0), s.resident_mb)
+        levels = depths.get(name, {})
+        out.append(
+            {
+                "model": name,
+                "state": state,
+                "resident_mb": round(sum(per_process.values()), 1) if per_process else None,
+                "workers": len(mine),
+                "queue": {"pending": sum(levels.values()), "by_priority": levels},
+                "by_worker": [s.to_json() for s in mine],
+            }
+        )
+    return out
+
+
 @router.get("/overview")
 async def overview(
     request: Request,
     state: State,
     _owner: Owner,
 ) -> dict[str, Any]:
-    """Queue depth per priority, live workers and — where this process runs workers — the
-    tasks running, the engine's rows, tokens/s and tasks finished per status."""
+    """Queue depth per priority, live workers, the models (queue, state, memory) and —
+    where this process runs workers — the tasks running, the engine's rows, tokens/s and
+    tasks finished per status."""
     depths = await state.store.queue_depths()
+    by_model = await state.store.queue_depths_by_model()
     status = engine_status(request)
     body: dict[str, Any] = {
         "time": _iso(time.time()),
         "role": "all-in-one" if status is not None else "api",
-        "queue": {"pending": sum(depths.values()), "by_priority": depths},
+        "queue": {
+            "pending": sum(depths.values()),
+            "by_priority": depths,
+            "by_model": {model: sum(levels.values()) for model, levels in by_model.items()},
+        },
         "workers": await state.store.live_workers(),
+        "models": _models(list(state.settings.models), await state.store.served_models(), by_model),
         "tasks_running": None,
         "engine": None,
         "tokens_per_s": None,

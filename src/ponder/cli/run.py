@@ -159,6 +159,10 @@ def serve(
 
     It runs PONDER_MODEL (default: the packaged SmolLM2-135M) in an engine process of its own.
 
+    With PONDER_MODELS_FILE it serves every model of the file: a local model loads on its
+    first task and unloads after its keep_alive_s idle, at most PONDER_MAX_LOADED_MODELS
+    at once (docs/models.md).
+
     Threads: PONDER_ENGINE_THREADS; rows at once: PONDER_ENGINE_MAX_ROWS.
 
     The first start writes the model's weights into PONDER_MODEL_CACHE_DIR (seconds).
@@ -189,7 +193,18 @@ def api(
 
 
 def worker(
-    workers: Annotated[int, typer.Option(min=1, help="worker loops in this process")] = 1,
+    workers: Annotated[
+        int, typer.Option(min=1, help="worker loops in this process, per served model")
+    ] = 1,
+    models: Annotated[
+        str | None,
+        typer.Option(
+            "--models",
+            show_default=False,
+            help="serve only these models of PONDER_MODELS_FILE, comma-separated (a,b) "
+            "[default: every model of the file]",
+        ),
+    ] = None,
     metrics_port: Annotated[
         int | None,
         typer.Option(
@@ -201,7 +216,12 @@ def worker(
         ),
     ] = None,
 ) -> None:
-    """A worker process: claims tasks from Redis and runs them through the engine.
+    """A worker process: claims its models' tasks from Redis and runs them on their engines.
+
+    It serves the models of PONDER_MODELS_FILE (or --models): each model's tasks go to its
+    own engine, which loads on the model's first task and unloads after its keep_alive_s
+    idle (at most PONDER_MAX_LOADED_MODELS local models at once). Without the file: the
+    one model of PONDER_ENGINE / PONDER_MODEL, loaded at start.
 
     Waits for Redis at start-up (one line per attempt) and rides out Redis outages.
     """
@@ -210,10 +230,28 @@ def worker(
         raise fail(
             "`ponder worker` needs PONDER_REDIS_URL; use `ponder serve` for the embedded store"
         )
+    names = _model_names(settings, models)
     try:
-        uvloop.run(run_worker(settings, workers))  # as uvicorn runs the API's loop
+        uvloop.run(run_worker(settings, workers, names))  # as uvicorn runs the API's loop
     except ConfigError as e:
         raise fail(str(e)) from e
+
+
+def _model_names(settings: Settings, option: str | None) -> list[str] | None:
+    """``--models a,b`` as names, each a configured model (one error line naming the
+    configured ones otherwise); None: every model."""
+    if option is None:
+        return None
+    from ponder.runtime import served_models
+
+    names = [name.strip() for name in option.split(",") if name.strip()]
+    if not names:
+        raise fail(f"--models: give model names, comma-separated ({', '.join(settings.models)})")
+    try:
+        served_models(settings, names)
+    except ConfigError as e:
+        raise fail(str(e)) from None
+    return names
 
 
 def _serve_metrics(settings: Settings) -> Callable[[], None] | None:
@@ -245,7 +283,8 @@ def _serve_metrics(settings: Settings) -> Callable[[], None] | None:
     return stop
 
 
-async def run_worker(settings: Settings, workers: int) -> None:
+async def run_worker(settings: Settings, workers: int, models: list[str] | None = None) -> None:
+    """``ponder worker``: ``workers`` loops for each of ``models`` (None: every model)."""
     from ponder.runtime import WorkerRuntime
     from ponder.store import create_store, start_store
 
@@ -260,9 +299,12 @@ async def run_worker(settings: Settings, workers: int) -> None:
         if not await start_store(store, stop=stop):
             err_console.print("worker stopping: the store never answered")
             return
-        runtime = WorkerRuntime(settings, store, workers=workers)
+        runtime = WorkerRuntime(settings, store, workers=workers, models=models)
         await runtime.start()
-        err_console.print(f"worker {settings.node_id} running ({workers} loop(s))")
+        err_console.print(
+            f"worker {settings.node_id} running ({workers} loop(s)) for model(s) "
+            + ", ".join(runtime.runners)
+        )
         waiter = asyncio.create_task(runtime.wait())
         stopper = asyncio.create_task(stop.wait())
         await asyncio.wait({waiter, stopper}, return_when=asyncio.FIRST_COMPLETED)

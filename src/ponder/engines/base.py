@@ -44,6 +44,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import EngineError
 
 __all__ = ["BaseEngine", "BatchResult", "FinishReason", "SampleOutput", "SampleRequest"]
@@ -142,6 +143,8 @@ class BaseEngine(ABC):
     name: str = ""
     #: the model name reported by ``/v1/models``
     model_name: str = ""
+    #: the served model (the models file's name) it runs for: its metrics' ``model`` label
+    served_model: str = DEFAULT_MODEL
     #: the rows it runs at once; None where it sets no cap of its own (the server behind
     #: the openai engine has its own)
     max_rows: int | None = None

@@ -54,10 +54,8 @@ _RATE_WINDOW_S = 1.0
 #: a running row's text pieces go to its event loop at most this often (its first piece
 #: and its last go at once)
 _PIECES_EVERY_S = 0.02
-#: the row gauges by state, in :meth:`ContinuousEngine._publish`'s order
-_ROW_GAUGES = tuple(
-    metrics.ENGINE_ROWS.labels(state=state) for state in ("running", "prefilling", "queued")
-)
+#: the row gauges' states, in :meth:`ContinuousEngine._publish`'s order
+_ROW_STATES = ("running", "prefilling", "queued")
 
 
 @dataclass(eq=False)
@@ -489,12 +487,14 @@ class ContinuousEngine(BaseEngine, Generic[R]):
         rows = (len(self._running), len(self._joining), len(self._queue))
         if rows != self._published_rows:
             self._published_rows = rows
-            for gauge, count in zip(_ROW_GAUGES, rows, strict=True):
-                gauge.set(count)
+            model = self.served_model
+            for state, count in zip(_ROW_STATES, rows, strict=True):
+                metrics.ENGINE_ROWS.labels(state=state, model=model).set(count)
         now = self._clock()
         if now - self._rate_since >= _RATE_WINDOW_S:
             tokens = self.stats.tokens - self._rate_tokens
-            metrics.ENGINE_TOKENS_PER_S.set(tokens / (now - self._rate_since))
+            rate = tokens / (now - self._rate_since)
+            metrics.ENGINE_TOKENS_PER_S.labels(model=self.served_model).set(rate)
             self._rate_since, self._rate_tokens = now, self.stats.tokens
 
     def _cancelled_output(self, row: R) -> SampleOutput:

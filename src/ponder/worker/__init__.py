@@ -7,7 +7,7 @@ so a cancel by the API is never overwritten: the worker hears of it at once (the
 cancel notice) or at the next sample boundary, and stops using the engine for that task.
 """
 
-from ponder.worker.loop import Worker
+from ponder.worker.loop import LoadStatus, Worker
 from ponder.worker.task_run import SampleRunner, TaskAbandoned, TaskRun
 
-__all__ = ["SampleRunner", "TaskAbandoned", "TaskRun", "Worker"]
+__all__ = ["LoadStatus", "SampleRunner", "TaskAbandoned", "TaskRun", "Worker"]

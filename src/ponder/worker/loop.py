@@ -16,19 +16,20 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from ponder import metrics
 from ponder.aio import cancel_and_wait
 from ponder.config import Settings
+from ponder.config.models import DEFAULT_MODEL
 from ponder.deltas import FOLLOW_TTL_S
 from ponder.errors import EngineDeadError, RecoverableError
 from ponder.scheduling import WeightedFairPicker
 from ponder.states import is_terminal
-from ponder.store.base import Claim, Liveness, Notice, TaskQueue
+from ponder.store.base import Claim, Liveness, ModelState, Notice, TaskQueue
 from ponder.worker.task_run import BACKOFF_MAX_S, SampleRunner, TaskRun
 
-__all__ = ["Worker"]
+__all__ = ["LoadStatus", "Worker"]
 
 log = logging.getLogger("ponder.worker")
 
@@ -50,13 +51,25 @@ class _InFlight:
     cancelled: bool = False
 
 
+class LoadStatus(Protocol):
+    """Whether the worker's model is loaded (:class:`ponder.engines.pool.ModelRunner`)."""
+
+    def load_state(self) -> Literal["loaded", "loading", "unloaded"]: ...
+
+    def resident_mb(self) -> float | None: ...
+
+
 class WorkerStore(TaskQueue, Liveness, Protocol):
     """What a worker uses of the store: the queue, the records and events (its task runs'),
     and its registration as a live worker."""
 
 
 class Worker:
-    """Claims and runs tasks until stopped.
+    """Claims and runs one model's tasks until stopped.
+
+    ``model``: the model whose queues it claims from (its runner runs that model's rows);
+    ``loads``: where its registration reads the model's load state and resident memory
+    (None: a runner that is always loaded, memory not measured).
 
     ``run()`` owns every background task it starts (claim loop, heartbeat, the watches of
     cancel and follow notices, one job per task) and awaits them all before returning.
@@ -80,10 +93,14 @@ class Worker:
         settings: Settings,
         *,
         worker_id: str | None = None,
+        model: str = DEFAULT_MODEL,
+        loads: LoadStatus | None = None,
     ) -> None:
         self.store = store
         self.runner = runner
         self.settings = settings
+        self.model = model
+        self._loads = loads
         self.worker_id = worker_id or f"{settings.node_id}-w"
         self._picker = WeightedFairPicker(settings.priority_quotas)
         self._slots = asyncio.Semaphore(settings.worker_max_tasks)
@@ -136,7 +153,7 @@ class Worker:
         delay_s = _BACKOFF_MIN_S
         while not self._stopping.is_set():
             try:
-                await self.store.register_worker(self.worker_id, self.settings.lease_s)
+                await self._register_now()
             except RecoverableError as e:
                 log.debug("worker %s waits for the store: %s", self.worker_id, e)
                 await self._sleep_unless_stopping(delay_s)
@@ -144,6 +161,19 @@ class Worker:
             else:
                 return True
         return False
+
+    def model_state(self) -> ModelState:
+        """The model as this worker serves it now (its registration reports it)."""
+        if self._loads is None:
+            return ModelState(self.model, self.worker_id, "loaded")
+        return ModelState(
+            self.model, self.worker_id, self._loads.load_state(), self._loads.resident_mb()
+        )
+
+    async def _register_now(self) -> None:
+        await self.store.register_worker(
+            self.worker_id, self.settings.lease_s, models=[self.model_state()]
+        )
 
     async def _claim_loop(self, *, burst: bool) -> None:
         backoff_s = _BACKOFF_MIN_S
@@ -213,14 +243,16 @@ class Worker:
         ``room``); else, or when there are none, one new entry."""
         if reclaim:
             self._last_reclaim = time.monotonic()
-            taken = await self.store.reclaim(self.worker_id, self.settings.lease_s, limit=room)
+            taken = await self.store.reclaim(
+                self.worker_id, self.settings.lease_s, limit=room, model=self.model
+            )
             self._more_to_take = len(taken) == room
             if taken:
                 metrics.TASKS_RECLAIMED.inc(len(taken))
                 log.info("worker %s took over %d task(s)", self.worker_id, len(taken))
                 return taken
         claim = await self.store.claim(
-            self.worker_id, self._picker.order(), self.settings.claim_block_ms
+            self.worker_id, self._picker.order(), self.settings.claim_block_ms, model=self.model
         )
         return [] if claim is None else [claim]
 
@@ -259,7 +291,7 @@ class Worker:
         while True:
             await asyncio.sleep(delay_s)
             try:
-                await self.store.register_worker(self.worker_id, self.settings.lease_s)
+                await self._register_now()
                 claims = [f.claim for f in self._in_flight.values()]
                 if claims:
                     await self.store.renew(self.worker_id, claims)
