@@ -20,12 +20,14 @@ from ponder import metrics
 from ponder.config import Settings
 from ponder.deltas import DeltaPublisher
 from ponder.engines.base import SampleOutput, SampleRequest
+from ponder.enhance import escalation
 from ponder.enhance.strategy import StopReason, Strategy, create_strategy
 from ponder.errors import EngineBusy, EngineDeadError, EngineError, StoreUnavailable
 from ponder.states import check_transition, is_terminal
 from ponder.store.base import Claim, TaskEvents
 from ponder.types import (
     EventName,
+    Result,
     Sample,
     SampleStatus,
     Task,
@@ -34,6 +36,7 @@ from ponder.types import (
     Tokens,
     utcnow,
 )
+from ponder.worker.expiry import past_queue_deadline, queue_timeout_error
 
 __all__ = ["BACKOFF_MAX_S", "SampleRunner", "TaskAbandoned", "TaskRun"]
 
@@ -144,7 +147,11 @@ class TaskRun:
         if is_terminal(task.status):
             return True  # cancelled while pending, or its worker died before the ack
         try:
-            self.strategy = create_strategy(task, self.settings)
+            if past_queue_deadline(task):
+                await self._expire()
+                return True
+            calibration = escalation.model_calibration(task, self.settings)
+            self.strategy = create_strategy(task, self.settings, calibration=calibration)
             if task.attempts >= self.settings.max_deliveries:
                 await self._finish_failed(
                     "too_many_attempts",
@@ -166,22 +173,30 @@ class TaskRun:
             await self._deltas.idle()
         return True
 
-    async def _save(self, events: Sequence[tuple[str, dict[str, Any]]] = ()) -> None:
-        """Write the task over the revision last read or written.
+    async def _save(
+        self, events: Sequence[tuple[str, dict[str, Any]]] = (), *, hand_over: bool = False
+    ) -> None:
+        """Write the task over the revision last read or written (``hand_over``: and move
+        it to its new model's queue, :meth:`_hand_over`).
 
         A conflict is either a client cancel or a takeover by another worker (the run is
         abandoned), or a webhook delivery recording its attempt on the running task: then
         the stored delivery records are kept and the write is tried again.
         """
         await self._deltas.idle()  # a delta in flight lands before the events below
-        # the terminal write also acks the queue entry (one round trip less)
+        # the terminal write also acks the queue entry (one round trip less), as does the
+        # hand-over
         ack = self.claim if is_terminal(self.task.status) else None
+
+        def write() -> Awaitable[bool]:
+            if hand_over:
+                return self.store.hand_over(self.task, self.claim, events)
+            return self.store.update_task(self.task, events, ack=ack)
+
         for _ in range(_SAVE_RETRIES):
-            if await self._through_outage(
-                lambda: self.store.update_task(self.task, events, ack=ack)
-            ):
+            if await self._through_outage(write):
                 self._stored = (self.task.status, self.task.attempts)
-                self.acked = ack is not None
+                self.acked = ack is not None or hand_over
                 return
             fresh = await self._through_outage(lambda: self.store.get_task(self.task.id))
             if fresh is None or (fresh.status, fresh.attempts) != self._stored:
@@ -211,14 +226,18 @@ class TaskRun:
             check_transition(task.status, TaskStatus.running)
             task.status = TaskStatus.running
             task.started_at = utcnow()
-        if not task.samples:
+        if not self._own():  # a new task, or one an earlier model handed over
             task.task_type = self.strategy.task_type
-            task.samples = self.strategy.plan()
-        for sample in task.samples:  # a reclaimed task reruns only unfinished samples
+            task.samples += escalation.plan_on_model(self.strategy, task)
+        for sample in self._own():  # a reclaimed task reruns only unfinished samples
             if sample.status != SampleStatus.done:
                 sample.status = SampleStatus.queued
         task.attempts += 1
         await self._save([(EventName.status, {"status": task.status.value})])
+
+    def _own(self) -> list[Sample]:
+        """The samples of the task's current model: the ones its vote counts."""
+        return escalation.own_samples(self.task.samples, self.task.model)
 
     def _deadline(self) -> float:
         started = self.task.started_at or utcnow()
@@ -234,9 +253,9 @@ class TaskRun:
         deadline = self._deadline()
         self._queued = [s for s in task.samples if s.status == SampleStatus.queued]
         jobs: dict[asyncio.Task[None], Sample] = {}
-        self._launch(jobs, strategy.wave(task.samples) - self._ran())
+        self._launch(jobs, strategy.wave(self._own()) - self._ran())
         if not jobs:  # a reclaimed task whose first wave had already ended
-            self._launch(jobs, strategy.wave(task.samples))
+            self._launch(jobs, strategy.wave(self._own()))
         if not jobs and self._queued:
             self._skip_queued("budget")
         stopped: list[asyncio.Task[None]] = []  # cancelled by the early stop
@@ -283,7 +302,7 @@ class TaskRun:
         else:
             # the vote is open: keep a wave's worth of samples running, so a slow (or
             # hanging) sample does not hold back the next ones
-            self._launch(jobs, self.strategy.wave(self.task.samples) - len(jobs))
+            self._launch(jobs, self.strategy.wave(self._own()) - len(jobs))
             if not jobs and self._queued:
                 self._skip_queued("budget")
         self._count()
@@ -358,7 +377,7 @@ class TaskRun:
         event loop. With fewer than two distinct answers there is nothing to compare, and
         the thread's hand-off would cost more than the call (a fast task's every boundary):
         it runs here, on the samples themselves (nothing changes them during the call)."""
-        samples = self.task.samples
+        samples = self._own()
         if len({s.answer for s in samples if s.answer is not None}) < 2:
             return fn(samples, *args, **kwargs)
         snapshot = [s.model_copy() for s in samples]
@@ -366,14 +385,14 @@ class TaskRun:
 
     def _ran(self) -> int:
         """Samples already finished (a reclaimed task keeps them) count toward the wave."""
-        return sum(s.status != SampleStatus.queued for s in self.task.samples)
+        return sum(s.status != SampleStatus.queued for s in self._own())
 
     async def _preliminary(self) -> list[tuple[str, dict[str, Any]]]:
         """The strategy's anytime answer, when the leader or its confidence changed."""
         result = await self._off_loop(self.strategy.preliminary)
         if result is None:
             return []
-        self.task.preliminary = result
+        self.task.preliminary = escalation.mark(result, self.task.samples, self.task.model)
         return [(EventName.preliminary, result.model_dump(mode="json"))]
 
     async def _run_sample(self, sample: Sample, max_new_tokens: int) -> None:
@@ -466,26 +485,57 @@ class TaskRun:
         self._count()
         fusion = await self._off_loop(self.strategy.fuse)
         if fusion is None:
-            timed_out = all(s.status == SampleStatus.timeout for s in task.samples)
-            errors = [s.error.message for s in task.samples if s.error is not None]
-            if timed_out:
-                await self._finish_failed("timeout", "no sample finished before its deadline")
-            else:
-                await self._finish_failed(
-                    "engine_error", errors[0] if errors else "no sample finished"
-                )
+            await self._no_answer()
+            return
+        result = fusion.result
+        result.samples_saved, result.tokens_saved = self.strategy.saved(self._own())
+        result.stop_reason = self._stop_reason
+        to = self._escalation(result)
+        if to is not None:
+            await self._hand_over(result, to)
             return
         if fusion.contested:
             if self._last_events:  # the question takes a model call: show the samples first
                 await self._save(self._last_events)
                 self._last_events = []
-            fusion.result.clarification = await self._clarify(fusion.contested)
-        fusion.result.samples_saved, fusion.result.tokens_saved = self.strategy.saved(task.samples)
-        fusion.result.stop_reason = self._stop_reason
+            result.clarification = await self._clarify(fusion.contested)
         self._count()
-        task.result = fusion.result
-        complete = all(s.status in (SampleStatus.done, SampleStatus.skipped) for s in task.samples)
+        task.result = escalation.mark(result, task.samples, task.model)
+        complete = all(s.status in (SampleStatus.done, SampleStatus.skipped) for s in self._own())
         await self._end(TaskStatus.done if complete else TaskStatus.partial_done)
+
+    async def _no_answer(self) -> None:
+        """No sample of the task's model finished: the answer of the model that handed the
+        task over stands (the task ends partial_done), else the task fails."""
+        task, own = self.task, self._own()
+        kept = task.preliminary
+        if kept is not None and kept.model not in (None, task.model):
+            task.result = kept.model_copy(update={"stop_reason": self._stop_reason})
+            await self._end(TaskStatus.partial_done)
+        elif all(s.status == SampleStatus.timeout for s in own):
+            await self._finish_failed("timeout", "no sample finished before its deadline")
+        else:
+            errors = [s.error.message for s in own if s.error is not None]
+            await self._finish_failed("engine_error", errors[0] if errors else "no sample finished")
+
+    def _escalation(self, result: Result) -> str | None:
+        """The model the task continues on (:mod:`ponder.enhance.escalation`), or None;
+        never when no token of the budget or no time before the deadline is left."""
+        tokens = self._tokens_left()
+        if (tokens is not None and tokens < 1) or self._deadline() <= time.monotonic():
+            return None
+        target = self.strategy.target_confidence
+        return escalation.escalation_target(self.task, self.settings, result, target)
+
+    async def _hand_over(self, result: Result, to: str) -> None:
+        """Escalate (:func:`~ponder.enhance.escalation.escalate`): the task, still running,
+        moves to model ``to``'s queue in one atomic write that also acks this claim."""
+        came_from = self.task.model
+        events = [*self._last_events, *escalation.escalate(self.task, result, to)]
+        self._last_events = []
+        self._count()
+        await self._save(events, hand_over=True)
+        log.info("task %s escalated from model %s to %s", self.task.id, came_from, to)
 
     async def _clarify(self, contested: list[str]) -> str:
         """One question that would settle the split: the model's, if it writes one (the
@@ -506,6 +556,17 @@ class TaskRun:
         self._extra.completion += output.completion_tokens
         reply = output.text if output.finish_reason in ("stop", "length") else None
         return self.strategy.clarification(contested, reply)
+
+    async def _expire(self) -> None:
+        """The task waited in the queue past its deadline: it ends expired and never runs
+        (its end event as a failed task's; the write acks the claim)."""
+        task = self.task
+        check_transition(task.status, TaskStatus.expired)
+        task.status = TaskStatus.expired
+        task.finished_at = utcnow()
+        task.error = queue_timeout_error(task)
+        await self._save([(EventName.result, task.to_public())])
+        metrics.TASKS_FINISHED.labels(status=TaskStatus.expired.value).inc()
 
     async def _finish_failed(self, code: str, message: str) -> None:
         self.task.error = TaskError(code=code, message=message)
