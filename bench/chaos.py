@@ -23,6 +23,15 @@ never the machine's shared Redis) the script starts one ``ponder api`` and three
   (``engine openvino: … died (signal 9); pid N, …``) and the engine live again
   (``ponder_engine_up`` on the worker's metrics port) before the next.
 
+With ``--two-models`` the workers serve different models: a models file names two
+scripted models, ``a`` and ``b``; half the ``--workers`` (4) run ``ponder worker --models
+a``, the others ``--models b`` (each replacement after a kill serves its victim's model);
+every task names one of the two, and ``--queue-timeout-share`` (10 % there) of them a
+``queue_timeout_s`` of 0.5-3 s (those pending through the Redis outage expire). No
+openvino worker runs in that mode. The report (``bench/results/chaos-models.md``) gives
+lost / twice / stuck per model, the tasks that ended ``expired``, and checks that none of
+those ever started (no ``running`` event) and that every task ran on its own model.
+
 Then it audits, from the API and from Redis: accepted tasks, how they ended, lost tasks
 (accepted, then unknown: must be 0), tasks finished twice (more than one terminal event in
 the task's event log: must be 0), tasks stuck in a non-terminal state after the run (must
@@ -56,8 +65,9 @@ from typing import Any
 import httpx
 import redis.asyncio as aioredis
 
+import harness
 from harness import (
-    TERMINAL,
+    RESULTS,
     Proc,
     RedisProc,
     free_port,
@@ -67,6 +77,13 @@ from harness import (
     report_head,
     write_report,
 )
+
+#: a task's final statuses (``expired``: not started within its ``queue_timeout_s``)
+TERMINAL = harness.TERMINAL | {"expired"}
+SELF = Path(__file__).resolve()
+#: the two models of ``--two-models``
+MODELS = ("a", "b")
+MODELS_FILE = "".join(f'[models.{m}]\nengine = "scripted"\n\n' for m in MODELS)
 
 # --- the run ------------------------------------------------------------------------
 
@@ -115,6 +132,9 @@ class Run:
     engine_kills: list[EngineKill] = field(default_factory=list)
     details: dict[str, tuple[int, str | None]] = field(default_factory=dict)  # attempts, error
     partial_samples: Counter[str] = field(default_factory=Counter)  # unfinished, in partials
+    served: dict[str, str] = field(default_factory=dict)  # worker process -> its model
+    #: per task, from the API after the run: (its model, created_at as epoch seconds)
+    seen: dict[str, tuple[str, float]] = field(default_factory=dict)
     redis_restart_at: float | None = None
     redis_down_s: float | None = None
     outage_wall: tuple[float, float] | None = None  # time.time() while Redis was down
@@ -127,17 +147,27 @@ class Run:
     all_ended: asyncio.Event = field(default_factory=asyncio.Event)
 
 
-def make_body(i: int, rng: random.Random) -> dict[str, Any]:
+def make_body(i: int, rng: random.Random, args: argparse.Namespace) -> dict[str, Any]:
     mode = rng.choices(["fast", "standard", "deep"], weights=[40, 40, 20])[0]
     sleep_ms = rng.randint(50, 1500)
     answers = ", ".join(str(rng.choice([7, 7, 7, 8])) for _ in range(3))
-    return {
+    body = {
         "prompt": f"chaos task {i} [[answers: {answers}]] [[sleep_ms: {sleep_ms}]]",
         "mode": mode,
         "task_type": "text",
         "priority": rng.randint(0, 5),
         "metadata": {"i": i},
     }
+    # drawn only in the modes that use them: the one-model run's tasks stay as they were
+    if args.two_models:
+        body["model"] = rng.choice(MODELS)
+    if args.queue_timeout_share and rng.random() < args.queue_timeout_share:
+        body["queue_timeout_s"] = round(rng.uniform(0.5, 3), 2)
+    return body
+
+
+def model_of(item: Submitted) -> str:
+    return str(item.body.get("model", "ponder"))
 
 
 async def call(run: Run, c: httpx.AsyncClient, method: str, url: str, **kw: Any) -> httpx.Response:
@@ -184,7 +214,7 @@ async def submit_all(run: Run, c: httpx.AsyncClient, rng: random.Random) -> None
 
     for i in range(args.tasks):
         await asyncio.sleep(max(0.0, run.t0 + i / args.rate - time.monotonic()))
-        item = Submitted(i, make_body(i, rng), uuid.uuid4().hex)
+        item = Submitted(i, make_body(i, rng, args), uuid.uuid4().hex)
         run.tasks.append(item)
         cancel_after = rng.uniform(0, 3) if i in cancel_set else None
         jobs.append(asyncio.create_task(one(item, cancel_after)))
@@ -209,9 +239,10 @@ async def chaos_monkey(
         old = workers[victim]
         await old.kill()
         wall = time.time()
-        held = await held_entries(redis_url, prefix, f"{old.name}-w0")
+        model = run.served[old.name]
+        held = await held_entries(redis_url, prefix, model, worker_id(old.name, model))
         run.kills.append(Kill(time.monotonic() - run.t0, wall, old.name, held))
-        workers[victim] = await start_worker()
+        workers[victim] = await start_worker(model)
 
 
 def engine_pid(worker_pid: int) -> int | None:
@@ -289,13 +320,24 @@ def engine_deaths_logged(run: Run, engine_workers: list[EngineWorker]) -> dict[i
     }
 
 
-async def held_entries(redis_url: str, prefix: str, consumer: str) -> list[str] | None:
-    """Task ids of the queue entries ``consumer`` holds (None if Redis does not answer)."""
+def worker_id(node: str, model: str) -> str:
+    """The id of a process's (first) worker loop of ``model``: its consumer name."""
+    return f"{node}-w0" if model == "ponder" else f"{node}-{model}-w0"
+
+
+def queue_key(prefix: str, model: str, level: int) -> str:
+    """A model's stream of one priority level (the default model's keys have no name)."""
+    return f"{prefix}:q:{level}" if model == "ponder" else f"{prefix}:q:{model}:{level}"
+
+
+async def held_entries(redis_url: str, prefix: str, model: str, consumer: str) -> list[str] | None:
+    """Task ids of the queue entries ``consumer`` holds in ``model``'s queues (None if
+    Redis does not answer)."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=True, socket_timeout=2)
     held: list[str] = []
     try:
         for p in range(6):
-            key = f"{prefix}:q:{p}"
+            key = queue_key(prefix, model, p)
             pending: Any = await client.xpending_range(key, "workers", "-", "+", 1000, consumer)
             for entry in pending:
                 found: Any = await client.xrange(key, entry["message_id"], entry["message_id"])
@@ -332,6 +374,8 @@ async def statuses(c: httpx.AsyncClient, ids: Sequence[str], run: Run) -> dict[s
             return
         task = r.json()
         out[task_id] = task["status"]
+        created = datetime.datetime.fromisoformat(task["created_at"]).timestamp()
+        run.seen[task_id] = (task.get("model", "ponder"), created)
         error = (task.get("error") or {}).get("code")
         run.details[task_id] = (int(task.get("attempts", 0)), error)
         if task["status"] == "partial_done":
@@ -368,7 +412,9 @@ async def wait_all_ended(run: Run, redis_url: str, prefix: str, timeout_s: float
         run.all_ended.set()
 
 
-async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[str, Any]:
+async def audit_events(
+    redis_url: str, prefix: str, ids: Sequence[str], models: Sequence[str]
+) -> dict[str, Any]:
     """Per task, from its event log: terminal events, starts, samples kept on reclaim."""
     client = aioredis.Redis.from_url(redis_url, decode_responses=True)
     twice: list[str] = []
@@ -407,12 +453,16 @@ async def audit_events(redis_url: str, prefix: str, ids: Sequence[str]) -> dict[
                     reclaimed += 1
                     kept += saved_before_last_start
         queues = {}
-        for p in range(6):
-            key = f"{prefix}:q:{p}"
-            queues[p] = (await client.xlen(key), (await client.xpending(key, "workers"))["pending"])
         names: set[str] = set()
-        for p in range(6):
-            names |= {c["name"] for c in await client.xinfo_consumers(f"{prefix}:q:{p}", "workers")}
+        for model in models:
+            for p in range(6):
+                key = queue_key(prefix, model, p)
+                if not await client.exists(key):
+                    queues[(model, p)] = (0, 0)  # no task of this level ever
+                    continue
+                pending = (await client.xpending(key, "workers"))["pending"]
+                queues[(model, p)] = (await client.xlen(key), pending)
+                names |= {c["name"] for c in await client.xinfo_consumers(key, "workers")}
         consumers = len(names)
     finally:
         await client.aclose()
@@ -508,16 +558,26 @@ async def main(args: argparse.Namespace) -> int:
             "engine_max_rows": 32,
             "shutdown_grace_s": 5,
         }
-        api = cluster.api()
+        models: tuple[str, ...] = ("ponder",)
+        if args.two_models:
+            models_file = tmp / "models.toml"
+            models_file.write_text(MODELS_FILE)
+            common["models_file"] = str(models_file)
+            models = MODELS
+        api = cluster.api(**{k: v for k, v in common.items() if k == "models_file"})
         workers: list[Proc] = []
         engine_logs: list[Path] = []
         serial = iter(range(1, 10_000))
 
-        async def start_worker() -> Proc:
+        async def start_worker(model: str) -> Proc:
             n = next(serial)
             log = tmp / f"engine-w{n}.log"
             engine_logs.append(log)
-            return await cluster.worker(f"w{n}", log, **common).start()
+            proc = cluster.worker(f"w{n}", log, **common)
+            if model != "ponder":  # `ponder worker --models <model>`, its samples logged
+                proc.argv = [sys.executable, str(SELF), "--as-worker", str(log), model]
+            run.served[proc.name] = model
+            return await proc.start()
 
         engine_workers: list[EngineWorker] = []
 
@@ -538,13 +598,14 @@ async def main(args: argparse.Namespace) -> int:
         run = Run(args, url=url)
         try:
             await api.start()
-            for _ in range(args.workers):
-                workers.append(await start_worker())
+            for i in range(args.workers):
+                workers.append(await start_worker(models[i % len(models)]))
             for n in range(1, args.engine_workers + 1):
                 engine_workers.append(await start_engine_worker(n))
             await cluster.ready(args.workers + args.engine_workers, timeout_s=300)
             print(
-                f"cluster ready: api {url}, {args.workers} workers + {args.engine_workers} "
+                f"cluster ready: api {url}, {args.workers} workers (models "
+                f"{', '.join(sorted(set(run.served.values())))}) + {args.engine_workers} "
                 f"with the openvino engine, redis {redis_server.url}"
             )
             run.t0 = time.monotonic()
@@ -570,7 +631,7 @@ async def main(args: argparse.Namespace) -> int:
                 ended_s = time.monotonic() - run.t0
                 ids = [t.task_id for t in run.tasks if t.task_id]
                 final = await statuses(c, ids, run)  # the user's view, after the run
-            audit = await audit_events(redis_server.url, prefix, ids)
+            audit = await audit_events(redis_server.url, prefix, ids, models)
             work = read_engine_logs(engine_logs, run.outage_wall)
             run.load = (load_start, os.getloadavg()[0])
             version = await redis_server.version()
@@ -600,16 +661,44 @@ async def main(args: argparse.Namespace) -> int:
         return 0 if verdict(run, final, audit) else 1
 
 
-def counts(run: Run, final: dict[str, str], audit: dict[str, Any]) -> dict[str, int]:
-    accepted = sum(1 for t in run.tasks if t.task_id)
-    ids = {t.task_id for t in run.tasks if t.task_id}
+def counts(
+    run: Run, final: dict[str, str], audit: dict[str, Any], model: str | None = None
+) -> dict[str, int]:
+    """The audit's counts, of every task or of ``model``'s."""
+    items = {t.task_id: t for t in run.tasks if t.task_id and model in (None, model_of(t))}
+    mine = {i: s for i, s in final.items() if i in items}
     return {
-        "accepted": accepted,
-        "distinct_ids": len(ids),
-        "lost": sum(1 for s in final.values() if s.startswith("lost")),
-        "twice": len(audit["twice"]),
-        "stuck": sum(1 for s in final.values() if s not in TERMINAL and not s.startswith("lost")),
+        "accepted": len(items),
+        "distinct_ids": len(set(items)),
+        "lost": sum(1 for s in mine.values() if s.startswith("lost")),
+        "twice": len(set(audit["twice"]) & set(items)),
+        "stuck": sum(1 for s in mine.values() if s not in TERMINAL and not s.startswith("lost")),
+        "expired": sum(1 for s in mine.values() if s == "expired"),
+        # an expired task must never have run: no `running` event in its log
+        "expired_started": sum(
+            1 for i, s in mine.items() if s == "expired" and i in audit["starts_at"]
+        ),
+        # the task says it ran on another model than the one it named
+        "wrong_model": sum(
+            1 for i, t in items.items() if i in run.seen and run.seen[i][0] != model_of(t)
+        ),
+        "with_deadline": sum(1 for t in items.values() if "queue_timeout_s" in t.body),
     }
+
+
+def late_starts(run: Run, audit: dict[str, Any]) -> list[float]:
+    """Per task with a queue_timeout_s that started: how long after its deadline its
+    first start came (negative: in time)."""
+    late = []
+    for t in run.tasks:
+        if (
+            t.task_id in audit["starts_at"]
+            and t.task_id in run.seen
+            and "queue_timeout_s" in t.body
+        ):
+            deadline = run.seen[t.task_id][1] + t.body["queue_timeout_s"]
+            late.append(min(audit["starts_at"][t.task_id]) - deadline)
+    return late
 
 
 def verdict(run: Run, final: dict[str, str], audit: dict[str, Any]) -> bool:
@@ -620,6 +709,8 @@ def verdict(run: Run, final: dict[str, str], audit: dict[str, Any]) -> bool:
         and n["lost"] == 0
         and n["twice"] == 0
         and n["stuck"] == 0
+        and n["expired_started"] == 0
+        and n["wrong_model"] == 0
         and engine_ok(run, audit)
     )
 
@@ -649,6 +740,7 @@ def render(
 ) -> str:
     args = run.args
     n = counts(run, final, audit)
+    late = late_starts(run, audit)
     taken = takeovers(run.kills, audit["starts_at"])
     by_status = Counter(s for s in final.values())
     attempts = Counter(a for a, _ in run.details.values())
@@ -666,7 +758,9 @@ def render(
         "# Chaos run",
         "",
         report_head(
-            "`make chaos` (`.venv/bin/python bench/chaos.py`)",
+            "`.venv/bin/python bench/chaos.py --two-models`"
+            if args.two_models
+            else "`make chaos` (`.venv/bin/python bench/chaos.py`)",
             args.commit,
             f"seed {args.seed}, started {run.started_at}",
             redis_ver,
@@ -695,10 +789,17 @@ def render(
         f"- Redis SIGKILLed once at t = {run.redis_restart_at or 0:.1f} s and restarted "
         f"(same port, same AOF): down for {run.redis_down_s or 0:.2f} s.",
         f"- {args.cancel_share:.0%} of the tasks cancelled 0-3 s after their submit.",
-        f"- {args.engine_workers} more `ponder worker` with the openvino engine (SmolLM2-135M, "
-        "1 thread, 2 tasks at a time, never SIGKILLed itself): its engine process SIGKILLed "
-        f"every {args.engine_kill_s.replace(',', '-')} s, busy or idle as it happened, and "
-        "once more after the drain (idle).",
+        *(
+            [
+                f"- {args.engine_workers} more `ponder worker` with the openvino engine "
+                "(SmolLM2-135M, 1 thread, 2 tasks at a time, never SIGKILLed itself): its "
+                f"engine process SIGKILLed every {args.engine_kill_s.replace(',', '-')} s, busy "
+                "or idle as it happened, and once more after the drain (idle)."
+            ]
+            if args.engine_workers
+            else []
+        ),
+        *setup_of_models(run),
         "",
         "## Results",
         "",
@@ -708,15 +809,23 @@ def render(
         f"| accepted (202/200, distinct ids) | {n['accepted']} ({n['distinct_ids']} distinct) |",
         *(
             f"| ended `{s}` | {by_status[s]} |"
-            for s in ("done", "partial_done", "failed", "cancelled")
+            for s in ("done", "partial_done", "failed", "cancelled", "expired")
         ),
         f"| **lost** (accepted, then unknown) | {mark(n['lost'])} |",
         f"| **finished twice** (>1 terminal event) | {mark(n['twice'])} |",
         f"| **stuck** non-terminal after the run | {mark(n['stuck'])} |",
+        f"| tasks with a `queue_timeout_s` / ended `expired` | {n['with_deadline']} / "
+        f"{n['expired']} |",
+        f"| **expired, yet started** (a `running` event) | {mark(n['expired_started'])} |",
+        "| tasks with a `queue_timeout_s` started after their deadline (their first "
+        f"`running` event; max lateness) | {sum(x > 0 for x in late)}"
+        + (f" ({max(late):+.3f} s)" if late else "")
+        + " |",
+        f"| **answered on another model** than the task named | {mark(n['wrong_model'])} |",
         "| unfinished samples of `partial_done` tasks | "
         + (", ".join(f"{k}: {v}" for k, v in sorted(run.partial_samples.items())) or "-")
         + " |",
-        "| failed by `error.code` | "
+        "| failed or expired, by `error.code` | "
         + (", ".join(f"{k}: {v}" for k, v in sorted(errors.items())) or "-")
         + " |",
         f"| sample runs started by the engine | {work.started} ({work.distinct} distinct) |",
@@ -763,6 +872,7 @@ def render(
         f"{audit['engine_codes']} / {audit['engine_error_lines']} |",
         f"| time to submit / to last end | {submitted_s:.0f} s / {ended_s:.0f} s |",
         "",
+        *model_section(run, final, audit),
         "## Answers the client got (all retries counted)",
         "",
         "| request → answer | count |",
@@ -774,9 +884,9 @@ def render(
         "Acknowledged entries are deleted (`XACK` + `XDEL`), so the priority streams hold "
         "only what is still queued or in flight:",
         "",
-        "| priority | XLEN | pending (unacked) |",
-        "|---|---|---|",
-        *(f"| {p} | {x} | {pe} |" for p, (x, pe) in audit["queues"].items()),
+        "| model | priority | XLEN | pending (unacked) |",
+        "|---|---|---|---|",
+        *(f"| {m} | {p} | {x} | {pe} |" for (m, p), (x, pe) in audit["queues"].items()),
         "",
         f"Consumer names known to the groups: {audit['consumers']} (a dead worker is removed "
         "from the group once its entries are taken over; the live workers remain).",
@@ -809,6 +919,50 @@ def render(
     return "\n".join(lines)
 
 
+def setup_of_models(run: Run) -> list[str]:
+    """The setup lines of ``--two-models`` and ``--queue-timeout-share``."""
+    args, lines = run.args, []
+    if args.two_models:
+        per_model = Counter(run.served.values())
+        lines.append(
+            f"- Two scripted models, `{MODELS[0]}` and `{MODELS[1]}` (a models file): each "
+            "task names one at random; the workers serve one each (`ponder worker --models "
+            f"a` / `--models b`, a replacement its victim's model): {len(run.served)} worker "
+            "processes started in all, " + ", ".join(f"{m} {per_model[m]}" for m in MODELS) + "."
+        )
+    if args.queue_timeout_share:
+        lines.append(
+            f"- {args.queue_timeout_share:.0%} of the tasks with a `queue_timeout_s` of 0.5-3 s "
+            "(uniform): not started by then, they end `expired` and must never run."
+        )
+    return lines
+
+
+def model_section(run: Run, final: dict[str, str], audit: dict[str, Any]) -> list[str]:
+    """Per model (``--two-models``): accepted, how they ended, lost / twice / stuck."""
+    if not run.args.two_models:
+        return []
+    lines = [
+        "## Per model",
+        "",
+        "| model | accepted | done | partial_done | failed | cancelled | expired | lost | "
+        "twice | stuck | expired, yet started | answered on another model |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for model in MODELS:
+        n = counts(run, final, audit, model)
+        ids = {t.task_id for t in run.tasks if t.task_id and model_of(t) == model}
+        ended = Counter(s for i, s in final.items() if i in ids)
+        statuses = ("done", "partial_done", "failed", "cancelled", "expired")
+        lines.append(
+            f"| `{model}` | {n['accepted']} | "
+            + " | ".join(str(ended[s]) for s in statuses)
+            + f" | {n['lost']} | {n['twice']} | {n['stuck']} | {n['expired_started']} | "
+            f"{n['wrong_model']} |"
+        )
+    return [*lines, ""]
+
+
 def seconds(values: Sequence[float | None]) -> str:
     seen = [v for v in values if v is not None]
     missing = len(values) - len(seen)
@@ -816,11 +970,31 @@ def seconds(values: Sequence[float | None]) -> str:
     return text + (f" ({missing} never)" if missing else "")
 
 
+def run_model_worker(engine_log: str, model: str) -> None:
+    """harness's worker with its engine's samples logged (``harness.run_as_worker``),
+    serving only ``model`` (``ponder worker --models <model>``)."""
+    import ponder.cli
+
+    app = ponder.cli.app
+
+    def with_models() -> None:
+        sys.argv += ["--models", model]
+        app()
+
+    ponder.cli.app = with_models  # what run_as_worker imports and calls
+    harness.run_as_worker(engine_log)
+
+
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--tasks", type=int, default=2000)
     p.add_argument("--rate", type=float, default=25.0, help="submits per second")
-    p.add_argument("--workers", type=int, default=3)
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="worker processes (default 3; 4 with --two-models)",
+    )
     p.add_argument("--lease-s", type=float, default=3.0)
     p.add_argument("--cancel-share", type=float, default=0.05)
     p.add_argument("--redis-down-s", type=float, default=3.0, help="Redis outage length")
@@ -835,9 +1009,34 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     p.add_argument(
         "--engine-kill-s", default="12,20", help="seconds between engine process kills: low,high"
     )
-    return parse_cluster_args(p, "chaos.md", argv)
+    p.add_argument(
+        "--two-models",
+        action="store_true",
+        help="two scripted models (a, b), each served by its own workers (--models a / b); "
+        "no openvino worker; report bench/results/chaos-models.md",
+    )
+    p.add_argument(
+        "--queue-timeout-share",
+        type=float,
+        default=None,
+        help="share of the tasks with a queue_timeout_s of 0.5-3 s (default: 0.1 with "
+        "--two-models, else 0)",
+    )
+    args = parse_cluster_args(p, "chaos.md", argv)
+    if args.workers is None:
+        args.workers = 4 if args.two_models else 3
+    if args.queue_timeout_share is None:
+        args.queue_timeout_share = 0.1 if args.two_models else 0.0
+    if args.two_models:
+        args.engine_workers = 0
+        if args.out == RESULTS / "chaos.md":
+            args.out = RESULTS / "chaos-models.md"
+    return args
 
 
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--as-worker":
+        run_model_worker(sys.argv[2], sys.argv[3])
+        sys.exit(0)
     with contextlib.suppress(KeyboardInterrupt):
         sys.exit(asyncio.run(main(parse_args())))
