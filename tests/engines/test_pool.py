@@ -99,7 +99,7 @@ async def test_an_engine_starts_on_its_first_row_and_stops_when_idle(
     outputs = await asyncio.gather(*(runner.submit(row()) for _ in range(5)))
     assert [o.finish_reason for o in outputs] == ["stop"] * 5
     assert "4" in outputs[0].text
-    assert log.starts("a") == 1 and runner.state == "loaded" and runner.loads == 1
+    assert log.starts("a") == 1 and pool.loaded() == ["a"] and runner.loads == 1
     idle_since = time.monotonic()
     await log.wait_closed("a")
     assert time.monotonic() - idle_since >= 0.25  # keep_alive_s 0.3 (timer granularity)

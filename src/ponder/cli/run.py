@@ -202,7 +202,7 @@ def worker(
             "--models",
             show_default=False,
             help="serve only these models of PONDER_MODELS_FILE, comma-separated (a,b) "
-            "[default: every model of the file]",
+            "(default: every model of the file)",
         ),
     ] = None,
     metrics_port: Annotated[

@@ -80,7 +80,9 @@ class ModelRunner:
         #: the engine: the loaded one, else the one the next load starts (made now, so
         #: that a bad setting is known at the start)
         self.engine = self._new_engine()
-        self.state: LoadState = "unloaded"
+        self._state: LoadState = "unloaded"
+        #: set (and replaced) at each change of state: what a worker's registration waits on
+        self._changed = asyncio.Event()
         #: the model's next engine, for the rows waiting for it (None: none waits)
         self._next: asyncio.Future[BaseEngine] | None = None
         #: rows waiting for ``_next``
@@ -100,6 +102,22 @@ class ModelRunner:
         engine = self._factory(self._settings)
         engine.served_model = self.name
         return engine
+
+    @property
+    def state(self) -> LoadState:
+        """unloaded, loading, loaded or unloading (its engine still holds its memory)."""
+        return self._state
+
+    @state.setter
+    def state(self, state: LoadState) -> None:
+        if state != self._state:
+            self._state = state
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of :attr:`state`."""
+        return self._changed
 
     @property
     def local(self) -> bool:

@@ -58,6 +58,10 @@ class LoadStatus(Protocol):
 
     def resident_mb(self) -> float | None: ...
 
+    def changed(self) -> asyncio.Event:
+        """An event set at the next change of the load state."""
+        ...
+
 
 class WorkerStore(TaskQueue, Liveness, Protocol):
     """What a worker uses of the store: the queue, the records and events (its task runs'),
@@ -286,10 +290,15 @@ class Worker:
             await asyncio.wait_for(self._stopping.wait(), delay_s)
 
     async def _heartbeat_loop(self) -> None:
-        """Keep this worker registered and renew the leases of its running tasks."""
+        """Keep this worker registered and renew the leases of its running tasks; register
+        again at once when the model's load state changes (the console shows it)."""
         delay_s = self.settings.heartbeat_interval_s
         while True:
-            await asyncio.sleep(delay_s)
+            if self._loads is None:
+                await asyncio.sleep(delay_s)
+            else:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._loads.changed().wait(), delay_s)
             try:
                 await self._register_now()
                 claims = [f.claim for f in self._in_flight.values()]
