@@ -252,6 +252,19 @@ async def test_no_escalation_without_budget_left(
     assert done.usage.completion_tokens == 30  # the budget, all spent on the weak model
 
 
+async def test_no_escalation_to_a_model_no_live_worker_serves(
+    tmp_path: Path, store_keys: dict[str, object]
+) -> None:
+    """Handed over, the task would wait in the strong model's queue for good."""
+    settings = two_models(tmp_path, store_keys)
+    async with workers(settings, {"weak": Answers(disagreeing)}) as store:
+        task = await submit(store, settings, "weak")
+        done = await wait(store, task.id)
+    assert done.status == TaskStatus.done and done.result is not None
+    assert (done.model, done.result.model, done.result.escalated_to) == ("weak", "weak", None)
+    assert done.result.stage == 3
+
+
 # --- the claim-time queue deadline --------------------------------------------------------
 async def claim_and_run(store: TaskStore, settings: Settings, runner: Answers) -> TaskRun:
     claim = await store.claim("test1-weak-w0", [0, 1, 2, 3, 4], 1000, model="weak")

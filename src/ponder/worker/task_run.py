@@ -184,8 +184,7 @@ class TaskRun:
         the stored delivery records are kept and the write is tried again.
         """
         await self._deltas.idle()  # a delta in flight lands before the events below
-        # the terminal write also acks the queue entry (one round trip less), as does the
-        # hand-over
+        # the terminal write and the hand-over also ack the queue entry (a round trip less)
         ack = self.claim if is_terminal(self.task.status) else None
 
         def write() -> Awaitable[bool]:
@@ -490,7 +489,7 @@ class TaskRun:
         result = fusion.result
         result.samples_saved, result.tokens_saved = self.strategy.saved(self._own())
         result.stop_reason = self._stop_reason
-        to = self._escalation(result)
+        to = await self._escalation(result)
         if to is not None:
             await self._hand_over(result, to)
             return
@@ -518,14 +517,20 @@ class TaskRun:
             errors = [s.error.message for s in own if s.error is not None]
             await self._finish_failed("engine_error", errors[0] if errors else "no sample finished")
 
-    def _escalation(self, result: Result) -> str | None:
+    async def _escalation(self, result: Result) -> str | None:
         """The model the task continues on (:mod:`ponder.enhance.escalation`), or None;
-        never when no token of the budget or no time before the deadline is left."""
+        never when no token of the budget or no time before the deadline is left, nor to
+        a model no live worker serves (the task would wait in its queue for good)."""
         tokens = self._tokens_left()
         if (tokens is not None and tokens < 1) or self._deadline() <= time.monotonic():
             return None
         target = self.strategy.target_confidence
-        return escalation.escalation_target(self.task, self.settings, result, target)
+        to = escalation.escalation_target(self.task, self.settings, result, target)
+        served = getattr(self.store, "served_models", None)  # a worker's store has it
+        if to is None or served is None:
+            return to
+        states = await self._through_outage(served)
+        return to if any(state.model == to for state in states) else None
 
     async def _hand_over(self, result: Result, to: str) -> None:
         """Escalate (:func:`~ponder.enhance.escalation.escalate`): the task, still running,
@@ -562,8 +567,7 @@ class TaskRun:
         (its end event as a failed task's; the write acks the claim)."""
         task = self.task
         check_transition(task.status, TaskStatus.expired)
-        task.status = TaskStatus.expired
-        task.finished_at = utcnow()
+        task.status, task.finished_at = TaskStatus.expired, utcnow()
         task.error = queue_timeout_error(task)
         await self._save([(EventName.result, task.to_public())])
         metrics.TASKS_FINISHED.labels(status=TaskStatus.expired.value).inc()
