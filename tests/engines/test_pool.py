@@ -7,6 +7,7 @@ the rows that waited for it. Scripted engines, no store."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -225,3 +226,35 @@ async def _until_state(runner: Any, state: str) -> None:
 
 async def _until(check: Callable[[], bool]) -> None:
     await until(check, 5, "the pool's state", 0.01)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+async def test_a_real_engine_reports_its_memory_and_unloading_ends_its_process() -> None:
+    """The openvino engine (SmolLM2-135M, one thread) loaded on demand: its engine
+    process's resident memory is reported while it is loaded; unloading ends that
+    process."""
+    from ponder.engines.openvino import OpenVINOEngine
+
+    settings = make_settings(engine="openvino", engine_threads=1)
+    pool = EnginePool(
+        settings, {"small": ModelSpec(engine="openvino", model="smollm2-135m", keep_alive_s=0.5)}
+    )
+    try:
+        await pool.start()
+        runner = pool.runners["small"]
+        assert runner.resident_mb() is None and runner.figures()["state"] == "unloaded"
+        output = await runner.submit(SampleRequest(prompt="2+2=", max_new_tokens=4))
+        assert output.completion_tokens > 0
+        engine = runner.engine
+        assert isinstance(engine, OpenVINOEngine) and engine.process_pid is not None
+        pid = engine.process_pid
+        mb = runner.resident_mb()
+        assert mb is not None and mb > 50, mb  # the model's weights and the runtime
+        assert runner.figures()["resident_mb"] is not None
+        await until(lambda: runner.state == "unloaded", 30, "the model unloaded")
+        assert not os.path.exists(f"/proc/{pid}")  # ended and reaped  # noqa: ASYNC240
+        assert runner.resident_mb() is None and engine.process_pid is None
+        assert runner.engine is not engine  # the next load starts a new one
+    finally:
+        await pool.close()
