@@ -94,8 +94,9 @@ def test_terminal_events() -> None:
     assert terminal_event("failed") == "task.failed"
     assert terminal_event("cancelled") == "task.cancelled"
     assert terminal_event(TaskStatus.expired) == "task.expired"
-    assert EVENTS == {"task.preliminary", "task.completed", "task.partial", "task.failed",
-                      "task.cancelled", "task.expired"}  # fmt: skip
+    events = {"task.preliminary", "task.completed", "task.partial", "task.failed",
+              "task.cancelled", "task.expired"}  # fmt: skip
+    assert events == EVENTS
     for status in ("pending", "running", "bogus"):
         with pytest.raises(ValueError, match="terminal"):
             terminal_event(status)
