@@ -384,6 +384,59 @@ def test_progress_view() -> None:
     assert "running" in text and "3/4" in text
     assert "408: 2 · 418: 1" in text
     assert "preliminary" in text and "0.80" in text
+    assert "running · ponder" in text  # the model the task runs on
+
+
+def test_progress_view_of_an_expired_task() -> None:
+    from rich.console import Console
+
+    from ponder.cli import TaskProgress
+    from ponder.client import TaskEvent
+    from ponder.types import Task
+
+    progress = TaskProgress(Task(id="1764412800123-api1-1", model="big", queue_timeout_s=2))
+    progress.apply(TaskEvent("1", "status", {"status": "expired"}))
+    screen = Console(record=True, width=100, color_system=None)
+    screen.print(progress.render())
+    text = screen.export_text()
+    assert "expired · big" in text and "it never ran" in text
+
+
+MODELS = """
+[models.small]
+engine = "scripted"
+
+[models.big]
+engine = "scripted"
+"""
+
+
+async def test_submit_and_list_by_model(tmp_path: Path) -> None:
+    """`--model` and `--queue-timeout` become the request's fields; the answer and the
+    list name the model; an unknown model is one line, exit 2, and creates nothing."""
+    from tests.conftest import make_settings
+
+    (tmp_path / "models.toml").write_text(MODELS)
+    settings = make_settings(
+        sqlite_path=str(tmp_path / "ponder.db"), models_file=str(tmp_path / "models.toml")
+    )
+    async with LiveServer(settings, workers=1) as live:
+        code, out, err = await run_cli(
+            "submit", "What is 2+2? [[answers: 4]]", "--model", "big-fast",
+            "--queue-timeout", "30", "--wait", "--wait-timeout", "20", "--url", live.url,
+        )  # fmt: skip
+        assert code == 0, err
+        assert "done · big · fast ·" in out
+        code, out, err = await run_cli("submit", "x", "--model", "huge", "--url", live.url)
+        assert code == 2 and out == ""
+        (line,) = err.splitlines()
+        assert line.startswith("error 404 model_not_found: model: the model `huge`"), line
+        code, out, err = await run_cli("tasks", "--json", "--url", live.url)
+        assert code == 0, err
+        (task,) = json.loads(out)["data"]
+        assert (task["model"], task["mode"], task["queue_timeout_s"]) == ("big", "fast", 30)
+        code, out, _ = await run_cli("tasks", "--url", live.url)
+        assert code == 0 and re.search(r"done\s+big\s+fast", out), out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])

@@ -430,9 +430,9 @@ def test_top_level_exports() -> None:
 
 
 SUBMIT_PARAMETERS = {
-    "prompt": None, "messages": None, "mode": "standard", "task_type": "auto", "priority": 3,
-    "callback_url": None, "samples": None, "max_new_tokens": None, "temperature": None,
-    "timeout_s": None, "tests": None, "stop": None, "early_stop": None,
+    "prompt": None, "messages": None, "model": None, "mode": None, "task_type": "auto",
+    "priority": 3, "callback_url": None, "samples": None, "max_new_tokens": None,
+    "temperature": None, "timeout_s": None, "queue_timeout_s": None, "tests": None, "stop": None, "early_stop": None,
     "target_confidence": None, "max_samples": None, "max_total_tokens": None,
     "metadata": None, "response_format": None, "idempotency_key": None,
 }  # fmt: skip

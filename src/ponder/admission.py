@@ -14,18 +14,62 @@ import json
 from typing import Protocol
 
 from ponder import metrics
-from ponder.config import Settings
+from ponder.config import ModeConfig, Settings
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import AdmissionError, IdempotencyConflict, QueueFull
 from ponder.ids import IdGenerator, parse_task_id
 from ponder.schemas import TaskCreate
 from ponder.states import is_terminal
 from ponder.store.base import Admission, TaskRecords
-from ponder.types import CallbackInfo, EventName, SampleStatus, Task, TaskStatus, utcnow
+from ponder.types import CallbackInfo, EventName, Mode, SampleStatus, Task, TaskStatus, utcnow
 from ponder.webhooks import check_callback_url
 
-__all__ = ["TaskSink", "build_task", "cancel_task", "check_callback", "load_task", "submit"]
+__all__ = [
+    "TaskSink",
+    "build_task",
+    "cancel_task",
+    "check_callback",
+    "load_task",
+    "model_names",
+    "resolve_model",
+    "submit",
+]
 
 _CAS_RETRIES = 10
+
+
+def model_names(settings: Settings) -> list[str]:
+    """Every model name a request may give (what ``GET /v1/models`` lists):
+    :meth:`Settings.served_names <ponder.config.Settings.served_names>` (``ponder`` and
+    ``ponder-<mode>``, then each configured model ``NAME`` and ``NAME-<mode>``), then the
+    aliases of ``PONDER_MODEL_ALIASES``."""
+    return [*settings.served_names(), *settings.model_aliases]
+
+
+def resolve_model(name: str, settings: Settings, param: str = "model") -> tuple[str, Mode | None]:
+    """The configured model a model name stands for, and the mode the name selects (None:
+    the request's, else the default mode): ``NAME`` and ``NAME-<mode>`` for each
+    configured model, ``ponder`` and ``ponder-<mode>`` for the default model, an alias of
+    ``PONDER_MODEL_ALIASES`` for what it names. 404 ``model_not_found`` naming ``param``
+    for any other name."""
+    # what Settings.served_names() maps, without building it (this runs on every request)
+    target = settings.model_aliases.get(name, name)
+    base, dash, suffix = target.rpartition("-")
+    model, mode = (base, Mode(suffix)) if dash and suffix in Mode.__members__ else (target, None)
+    if model in settings.models:
+        return model, mode
+    if model == DEFAULT_MODEL:
+        return settings.default_model, mode
+    modes = "|".join(m.value for m in Mode)
+    aliases = f"; aliases: {', '.join(settings.model_aliases)}" if settings.model_aliases else ""
+    raise AdmissionError(
+        404,
+        "model_not_found",
+        f"{param}: the model `{name}` does not exist; this service serves "
+        f"{', '.join(settings.models)} (each also as NAME-{modes}; `ponder` is "
+        f"{settings.default_model}){aliases}. GET /v1/models lists every name; "
+        "PONDER_MODEL_ALIASES maps other names",
+    )
 
 
 class TaskSink(Protocol):
@@ -40,8 +84,49 @@ class TaskSink(Protocol):
 
 
 def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str) -> Task:
-    """Check ``req`` against the configured limits and turn it into a pending Task."""
+    """Check ``req`` against the configured limits and turn it into a pending Task: on
+    the model it names (404 ``model_not_found`` for a name no model has), in the mode it
+    gives, else the mode its model name selects."""
+    model, named_mode = resolve_model(req.model or settings.default_model, settings)
+    if named_mode is not None and "mode" not in req.model_fields_set:
+        req = req.model_copy(update={"mode": named_mode})
     mode = settings.mode(req.mode)
+    _check_limits(req, settings, mode)
+    timeout_s = req.timeout_s if req.timeout_s is not None else mode.task_timeout_s
+    queue_timeout_s = req.queue_timeout_s
+    if queue_timeout_s is None:
+        queue_timeout_s = settings.models[model].queue_timeout_s or settings.queue_timeout_s
+    return Task(
+        id=task_id,
+        model=model,
+        queue_timeout_s=queue_timeout_s,
+        mode=req.mode,
+        task_type=req.task_type,
+        priority=req.priority,
+        samples_planned=min(req.samples or mode.samples, req.max_samples or mode.max_samples),
+        prompt=req.prompt,
+        messages=[m.model_dump(exclude_none=True) for m in req.messages] if req.messages else None,
+        max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
+        temperature=req.temperature
+        if req.temperature is not None
+        else mode.temperature_for(req.samples or mode.samples),
+        timeout_s=timeout_s,
+        sample_timeout_s=min(mode.sample_timeout_s, timeout_s),
+        tests=req.tests,
+        early_stop=req.early_stop,
+        target_confidence=req.target_confidence,
+        stop=req.stop,
+        max_samples=req.max_samples,
+        max_total_tokens=req.max_total_tokens,
+        metadata=req.metadata,
+        response_format=req.response_format.format() if req.response_format else None,
+        callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
+        owner=owner,
+    )
+
+
+def _check_limits(req: TaskCreate, settings: Settings, mode: ModeConfig) -> None:
+    """422 (413 for the prompt) for what ``req`` asks over the configured limits."""
     if req.prompt_chars() > settings.max_prompt_chars:
         raise AdmissionError(
             413,
@@ -71,32 +156,6 @@ def build_task(req: TaskCreate, settings: Settings, *, task_id: str, owner: str)
         )
     if req.tests is not None and len(req.tests) > settings.max_tests_chars:
         raise AdmissionError(422, "invalid", f"tests: over {settings.max_tests_chars} characters")
-    timeout_s = req.timeout_s if req.timeout_s is not None else mode.task_timeout_s
-    return Task(
-        id=task_id,
-        mode=req.mode,
-        task_type=req.task_type,
-        priority=req.priority,
-        samples_planned=min(req.samples or mode.samples, req.max_samples or mode.max_samples),
-        prompt=req.prompt,
-        messages=[m.model_dump(exclude_none=True) for m in req.messages] if req.messages else None,
-        max_new_tokens=req.max_new_tokens or mode.max_new_tokens,
-        temperature=req.temperature
-        if req.temperature is not None
-        else mode.temperature_for(req.samples or mode.samples),
-        timeout_s=timeout_s,
-        sample_timeout_s=min(mode.sample_timeout_s, timeout_s),
-        tests=req.tests,
-        early_stop=req.early_stop,
-        target_confidence=req.target_confidence,
-        stop=req.stop,
-        max_samples=req.max_samples,
-        max_total_tokens=req.max_total_tokens,
-        metadata=req.metadata,
-        response_format=req.response_format.format() if req.response_format else None,
-        callback=CallbackInfo(url=str(req.callback_url)) if req.callback_url else None,
-        owner=owner,
-    )
 
 
 async def check_callback(url: str, settings: Settings, param: str = "callback_url") -> None:

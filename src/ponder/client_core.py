@@ -30,7 +30,6 @@ from ponder.errors import ConfigError, PonderError
 from ponder.schemas import TaskCreate, describe_errors
 from ponder.states import STATUS_EVENTS, is_final
 from ponder.types import (
-    DEFAULT_MODE,
     EventName,
     Mode,
     ResponseFormat,
@@ -133,6 +132,7 @@ _ERRORS: dict[str, type[APIError]] = {
     "bad_request": BadRequestError,
     "unauthorized": AuthenticationError,
     "not_found": NotFoundError,
+    "model_not_found": NotFoundError,
     "conflict": ConflictError,
     "too_large": TooLargeError,
     "invalid": InvalidRequestError,
@@ -258,7 +258,8 @@ def submit_request(
     prompt: str | None = None,
     *,
     messages: list[dict[str, Any]] | None = None,
-    mode: Mode | str = DEFAULT_MODE,
+    model: str | None = None,
+    mode: Mode | str | None = None,
     task_type: TaskType | str = TaskType.auto,
     priority: int = 3,
     callback_url: str | None = None,
@@ -266,6 +267,7 @@ def submit_request(
     max_new_tokens: int | None = None,
     temperature: float | None = None,
     timeout_s: float | None = None,
+    queue_timeout_s: float | None = None,
     tests: str | None = None,
     stop: list[str] | None = None,
     early_stop: bool | None = None,
@@ -278,6 +280,10 @@ def submit_request(
 ) -> Request:
     """Submit a task (``POST /v1/tasks``); returns it, ``pending``.
 
+    ``model``: a name ``GET /v1/models`` lists (default: the service's default model;
+    unknown: :class:`NotFoundError`); ``mode`` defaults to the name's (``NAME-deep``),
+    else standard. ``queue_timeout_s``: not started by then, the task ends ``expired``.
+
     ``response_format`` asks for a structured answer (docs/structured.md): a
     :class:`~ponder.types.ResponseFormat` or its JSON (``{"type": "json_schema",
     "json_schema": {"name", "schema", "strict"}}`` or ``{"type": "json_object"}``); the
@@ -289,7 +295,8 @@ def submit_request(
     if isinstance(response_format, ResponseFormat):
         response_format = response_format.model_dump(mode="json", exclude_none=True)
     fields = {
-        "prompt": prompt, "messages": messages, "mode": mode, "task_type": task_type,
+        "prompt": prompt, "messages": messages, "model": model, "mode": mode,
+        "task_type": task_type, "queue_timeout_s": queue_timeout_s,
         "priority": priority, "callback_url": callback_url, "samples": samples,
         "max_new_tokens": max_new_tokens, "temperature": temperature, "timeout_s": timeout_s,
         "tests": tests, "stop": stop, "early_stop": early_stop,

@@ -155,6 +155,14 @@ class TaskCreate(StrictBody):
 
     prompt: str | None = Field(default=None, min_length=1)
     messages: list[ChatMessage] | None = Field(default=None, min_length=1)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=200,
+        description="the model that answers: a name GET /v1/models lists (a configured "
+        "model, NAME-<mode>, ponder, an alias); default: the default model (the models "
+        "file's first)",
+    )
     mode: ModeField = DEFAULT_MODE
     task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
@@ -163,6 +171,13 @@ class TaskCreate(StrictBody):
     max_new_tokens: int | None = Field(default=None, ge=1)
     temperature: float | None = Field(default=None, ge=0.0, le=2.0)
     timeout_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: float | None = Field(
+        default=None,
+        gt=0,
+        description="seconds the task may wait for a worker: not started by then, it ends "
+        "expired and never runs; default: its model's queue_timeout_s, else "
+        "PONDER_QUEUE_TIMEOUT_S (unset: no limit)",
+    )
     tests: str | None = None
     stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=4, description="stop sequences: generation ends there"

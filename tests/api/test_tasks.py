@@ -78,7 +78,7 @@ async def test_messages_input(client: httpx.AsyncClient) -> None:
         # strict input: unknown fields are named, with the field meant when one is close
         ({"prompt": "a", "max_tokens": 5}, "field `max_tokens` (did you mean `max_new_tokens`?)"),
         ({"prompt": "a", "n": 2}, "unknown field `n` (did you mean `samples`?)"),
-        ({"prompt": "a", "model": "x", "zzz": 1}, "fields `model` (did you mean `mode`?), `zzz`"),
+        ({"prompt": "a", "mdoe": "x", "zzz": 1}, "fields `mdoe` (did you mean `mode`?), `zzz`"),
         (
             {"messages": [{"role": "user", "content": "x", "tool_calls": []}]},
             "messages.0: unknown field `tool_calls`",

@@ -10,9 +10,16 @@ task's event log and answers in OpenAI's shape:
   fewer than ``n``, they are reused in turn).
 - ``stop`` is passed to the engine, and each choice is cut at the first stop sequence.
 - a ``ponder`` field carries the task's ``result`` (plus ``task_id`` and ``status``).
-- ``model`` must be a name ``GET /v1/models`` lists: ``ponder`` (standard mode),
-  ``ponder-fast|standard|deep``, or an alias of ``PONDER_MODEL_ALIASES``; any other is
-  404 ``model_not_found``, as OpenAI answers. The answer names the served model.
+- ``model`` must be a name ``GET /v1/models`` lists: a configured model ``NAME``
+  (standard mode) or ``NAME-fast|standard|deep|auto``, ``ponder`` and ``ponder-<mode>``
+  (the default model's), or an alias of ``PONDER_MODEL_ALIASES``; any other is 404
+  ``model_not_found``, as OpenAI answers, and creates nothing. The task runs on the
+  configured model (its ``model``); the answer names the name asked for (an alias's: the
+  name it maps to).
+- ``GET /v1/models`` adds a ``ponder`` field to each model: the configured ``model``,
+  the ``mode`` the name selects, its ``engine``, whether a live worker serves it
+  (``served``), its ``state`` (``loaded``, ``loading``, ``unloaded``; null when no
+  worker serves it) and ``resident_mb``.
 - ``usage.prompt_tokens`` counts the prompt once whatever ``n`` and the mode;
   ``completion_tokens`` counts every sample's tokens (the work done for the answer).
 - ``stream: true`` answers with ``chat.completion.chunk`` events: the role at once, the
@@ -59,6 +66,7 @@ from ponder.api.openai_common import (
     wait_unless_gone,
 )
 from ponder.api.streaming import event_stream
+from ponder.config import Settings
 from ponder.errors import RecoverableError
 from ponder.openai.chat import (
     ChatCompletionRequest,
@@ -72,10 +80,11 @@ from ponder.openai.common import (
     failure,
     model_names,
     ponder_field,
-    served_model,
+    resolve_model,
     submit,
 )
-from ponder.types import EventName, Task
+from ponder.store.records import ModelState
+from ponder.types import DEFAULT_MODE, EventName, Task
 
 __all__ = ["router"]
 
@@ -225,24 +234,53 @@ async def chat_completions(request: Request) -> Response:
     return await _answer(request, state, task, req, owner)
 
 
-def _model(model_id: str) -> dict[str, Any]:
-    return {"id": model_id, "object": "model", "created": _MODEL_CREATED, "owned_by": "ponder"}
+def _model(model_id: str, settings: Settings, states: list[ModelState]) -> dict[str, Any]:
+    """One entry of ``/v1/models``: OpenAI's fields, and in ``ponder`` the configured
+    model the name stands for, the mode it selects, its engine and how the live workers
+    serve it (``served``; ``state``: the most loaded of theirs; ``resident_mb``: their
+    loaded engines' resident memory together)."""
+    model, mode = resolve_model(model_id, settings)
+    mine = [s for s in states if s.model == model]
+    state = next(
+        (k for k in ("loaded", "loading", "unloaded") if any(s.state == k for s in mine)), None
+    )
+    sizes = [s.resident_mb for s in mine if s.state == "loaded" and s.resident_mb is not None]
+    ponder = {
+        "model": model,
+        "mode": (mode or DEFAULT_MODE).value,
+        "engine": settings.models[model].engine,
+        "served": bool(mine),
+        "state": state,
+        "resident_mb": round(sum(sizes), 1) if sizes else None,
+    }
+    return {
+        "id": model_id,
+        "object": "model",
+        "created": _MODEL_CREATED,
+        "owned_by": "ponder",
+        "ponder": ponder,
+    }
 
 
 @router.get("/models")
 @openai_errors
 async def list_models(request: Request) -> Response:
-    """The model names this service answers to: ``ponder`` and ``ponder-<mode>``, then the
-    aliases of ``PONDER_MODEL_ALIASES``."""
+    """The model names this service answers to: each configured model and its
+    ``-<mode>`` variants, ``ponder`` and ``ponder-<mode>`` (the default model's), then the
+    aliases of ``PONDER_MODEL_ALIASES``; each with a ``ponder`` field (:func:`_model`)."""
     await caller(request)
-    names = model_names(get_state(request).settings)
-    return JSONResponse({"object": "list", "data": [_model(m) for m in names]})
+    state = get_state(request)
+    states = await state.store.served_models()  # the one store call
+    data = [_model(name, state.settings, states) for name in model_names(state.settings)]
+    return JSONResponse({"object": "list", "data": data})
 
 
 @router.get("/models/{model_id}")
 @openai_errors
 async def get_model(model_id: str, request: Request) -> Response:
-    """One model of :func:`list_models`."""
+    """One model of :func:`list_models` (404 ``model_not_found`` for a name it does not
+    list)."""
     await caller(request)
-    served_model(model_id, get_state(request).settings)  # 404 model_not_found
-    return JSONResponse(_model(model_id))
+    state = get_state(request)
+    resolve_model(model_id, state.settings)  # 404 model_not_found
+    return JSONResponse(_model(model_id, state.settings, await state.store.served_models()))

@@ -29,6 +29,7 @@ class TaskProgress:
 
     def __init__(self, task: Task, width: int = 100) -> None:
         self.task_id = task.id
+        self.model = task.model
         self.status = task.status.value
         self.planned = task.samples_planned
         self.finished = 0
@@ -55,12 +56,15 @@ class TaskProgress:
             self.preliminary = preliminary
         if (task := event.task) is not None:
             self.planned = task.samples_planned
+            self.model = task.model  # an escalated task ends on its stronger model
 
     def render(self) -> RenderableType:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim")
         grid.add_column()
-        grid.add_row("task", f"[bold]{self.task_id}[/bold] {self.status}")
+        grid.add_row("task", f"[bold]{self.task_id}[/bold] {self.status} · {self.model}")
+        if self.status == "expired":
+            grid.add_row("", "not started within its queue_timeout_s: it never ran")
         bar = ProgressBar(total=max(self.planned, 1), completed=self.finished, width=30)
         grid.add_row("samples", Columns([bar, f"{self.finished}/{self.planned}"]))
         tally = " · ".join(f"{a}: {n}" for a, n in self.votes.most_common(5)) or "none yet"

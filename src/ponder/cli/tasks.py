@@ -28,7 +28,7 @@ from ponder.cli.base import (
 from ponder.cli.progress import follow
 from ponder.client_core import DEFAULT_URL
 from ponder.errors import ConfigError
-from ponder.types import DEFAULT_MODE, EventName, Mode, Result, Task, TaskStatus, TaskType
+from ponder.types import EventName, Mode, Result, Task, TaskStatus, TaskType
 
 if TYPE_CHECKING:
     from ponder.client import Client, TaskEvent
@@ -59,7 +59,7 @@ def _service(url: str | None, api_key: str | None) -> Iterator[Client]:
             yield client
     except APIError as e:
         err_console.print(f"[red]error {e.status_code}[/red] {e.code}: {e.message}")
-        usage = e.status_code in (400, 413, 422)
+        usage = e.status_code in (400, 413, 422) or e.code == "model_not_found"
         raise typer.Exit(EXIT_USAGE if usage else EXIT_TASK_FAILED) from e
     except APIConnectionError as e:
         where = client.base_url if client is not None else url
@@ -91,12 +91,21 @@ def _print_object(result: Result) -> None:
         console.print("(the fields' winners did not validate together: the best whole sample)")
 
 
+#: a status's color (any other: red); ``expired``: it waited past its queue_timeout_s
+_COLORS = {
+    "done": "green",
+    "partial_done": "yellow",
+    "running": "cyan",
+    "pending": "cyan",
+    "expired": "magenta",
+}
+
+
 def _print_task(task: Task) -> None:
     status = task.status.value
-    color = {"done": "green", "partial_done": "yellow", "running": "cyan", "pending": "cyan"}
-    tint = color.get(status, "red")
+    tint = _COLORS.get(status, "red")
     console.print(
-        f"[bold]{task.id}[/bold] [{tint}]{status}[/{tint}] · {task.mode} · "
+        f"[bold]{task.id}[/bold] [{tint}]{status}[/{tint}] · {task.model} · {task.mode} · "
         f"{task.samples_done}/{task.samples_planned} samples"
     )
     result = task.result
@@ -129,6 +138,11 @@ _HELP = {
     "max_new_tokens": "tokens per sample at most; default: the mode's",
     "temperature": "sampling temperature, 0 to 2; default: the mode's",
     "timeout": "the task's time limit in seconds, from its start (timeout_s); default: the mode's",
+    "model": "the model that answers: a name GET /v1/models lists (NAME, NAME-<mode>, an "
+    "alias); default: the service's default model",
+    "mode": f"{', '.join(Mode)}; default: the mode the model name selects, else standard",
+    "queue_timeout": "seconds the task may wait for a worker; not started by then, it ends "
+    "expired and never runs (queue_timeout_s); default: its model's",
     "callback_url": "POST the task's webhooks here (signed)",
     "target_confidence": "early stop once the leading answer stays the leader with this "
     "probability (auto mode: once the answer's calibrated confidence reaches it; 0 to 1); "
@@ -165,13 +179,15 @@ def _response_format(path: Path) -> dict[str, Any]:
 # The request's own fields are checked by the SDK as the API checks them (one line, exit 2).
 def submit(
     prompt: Annotated[str, typer.Argument(help="the prompt")],
-    mode: Annotated[Mode, typer.Option(help=", ".join(Mode))] = DEFAULT_MODE,
+    model: Annotated[str | None, _unless_given(_HELP["model"])] = None,
+    mode: Annotated[Mode | None, _unless_given(_HELP["mode"])] = None,
     priority: Annotated[int, typer.Option(min=0, max=5, help="0 is the most urgent")] = 3,
     samples: Annotated[int | None, typer.Option(min=1, help="samples to run")] = None,
     task_type: Annotated[str, typer.Option(help=_HELP["task_type"])] = TaskType.auto,
     max_new_tokens: Annotated[int | None, _unless_given(_HELP["max_new_tokens"])] = None,
     temperature: Annotated[float | None, _unless_given(_HELP["temperature"])] = None,
     timeout: Annotated[float | None, _unless_given(_HELP["timeout"])] = None,
+    queue_timeout: Annotated[float | None, _unless_given(_HELP["queue_timeout"])] = None,
     callback_url: Annotated[str | None, _unless_given(_HELP["callback_url"])] = None,
     target_confidence: Annotated[float | None, _unless_given(_HELP["target_confidence"])] = None,
     max_samples: Annotated[int | None, _unless_given(_HELP["max_samples"])] = None,
@@ -183,17 +199,20 @@ def submit(
     url: UrlOption = None,
     api_key: KeyOption = None,
 ) -> None:
-    """Submit a task. Exit 0 on done/partial_done, 1 on failed/cancelled, 2 on usage errors."""
+    """Submit a task. Exit 0 on done/partial_done, 1 on failed/cancelled/expired, 2 on usage
+    errors."""
     with _service(url, api_key) as client:
         task = client.submit(
             prompt,
-            mode=mode.value,
+            model=model,
+            mode=mode.value if mode is not None else None,
             priority=priority,
             samples=samples,
             task_type=task_type,
             max_new_tokens=max_new_tokens,
             temperature=temperature,
             timeout_s=timeout,
+            queue_timeout_s=queue_timeout,
             callback_url=callback_url,
             target_confidence=target_confidence,
             max_samples=max_samples,
@@ -330,14 +349,15 @@ def tasks(
         print_json({"data": [t.to_public() for t in page.data], "next_cursor": page.next_cursor})
         return
     table = Table(
-        Column("id", no_wrap=True), "status", "mode", Column("created", no_wrap=True),
+        Column("id", no_wrap=True), "status", "model", "mode", Column("created", no_wrap=True),
         "samples", "answer", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
     )  # fmt: skip
     for task in page.data:
         answer = task.result.answer if task.result is not None else None
         table.add_row(
             task.id,
-            task.status.value,
+            Text(task.status.value, style=_COLORS.get(task.status.value, "red")),
+            task.model,
             task.mode,
             task.created_at.strftime("%Y-%m-%d %H:%M"),
             f"{task.samples_done}/{task.samples_planned}",

@@ -11,6 +11,10 @@ line's body) becomes a task, a task that ended becomes the ``chat.completion``.
   choices: each sample's object, or its text where it had none), never cut at a stop.
 - ``usage.prompt_tokens`` counts the prompt once whatever ``n`` and the mode;
   ``completion_tokens`` counts every sample's tokens (the work done for the answer).
+- ``model`` names the model that answers (a name ``GET /v1/models`` lists; the task's
+  ``model`` is the configured model it stands for); the answer's ``model`` is the name
+  asked for (an alias's: the name it maps to). ``queue_timeout_s`` (an extension, as
+  ``mode``) bounds the task's wait for a worker.
 
 The route, its streaming and waiting are :mod:`ponder.api.openai_compat`.
 """
@@ -69,6 +73,7 @@ class ChatCompletionRequest(BaseModel):
     task_type: TaskTypeField = TaskType.auto
     priority: int = Field(default=3, ge=0, le=5)
     timeout_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: float | None = Field(default=None, gt=0)
     target_confidence: float | None = Field(default=None, gt=0, le=1)
     max_samples: int | None = Field(default=None, ge=1)
     max_total_tokens: int | None = Field(default=None, ge=1)
@@ -114,6 +119,7 @@ def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tup
         messages.append(entry)
     fields = {
         "messages": messages,
+        "model": req.model,
         "mode": req.selected_mode(),
         "task_type": req.task_type,
         "priority": req.priority,
@@ -121,6 +127,7 @@ def chat_body(body: dict[str, Any], settings: Settings, prefix: str = "") -> tup
         "max_new_tokens": req.max_completion_tokens or req.max_tokens,
         "temperature": req.temperature,
         "timeout_s": req.timeout_s,
+        "queue_timeout_s": req.queue_timeout_s,
         "target_confidence": req.target_confidence,
         "max_samples": req.max_samples,
         "max_total_tokens": req.max_total_tokens,

@@ -18,7 +18,7 @@ from typing import Any, ParamSpec, TypeVar
 from pydantic import ValidationError
 
 from ponder import admission
-from ponder.config import SERVED_MODELS, Settings
+from ponder.config import Settings
 from ponder.errors import AdmissionError, Refusal
 from ponder.schemas import ResponseFormatBody, TaskCreate
 from ponder.types import DEFAULT_MODE, Mode, Task, TaskStatus
@@ -36,6 +36,7 @@ __all__ = [
     "openai_shaped",
     "openai_usage",
     "ponder_field",
+    "resolve_model",
     "response_format_of",
     "served_model",
     "submit",
@@ -115,27 +116,31 @@ def invalid(e: ValidationError, prefix: str = "") -> OpenAIError:
 
 
 def model_names(settings: Settings) -> list[str]:
-    """The model names the OpenAI routes accept and ``/v1/models`` lists: the served
-    names, then the aliases of ``PONDER_MODEL_ALIASES``."""
-    return [*SERVED_MODELS, *settings.model_aliases]
+    """The model names the OpenAI routes accept and ``/v1/models`` lists
+    (:func:`ponder.admission.model_names`): each configured model and its mode variants,
+    ``ponder*`` (the default model's), then the aliases of ``PONDER_MODEL_ALIASES``."""
+    return admission.model_names(settings)
+
+
+def resolve_model(model: str, settings: Settings, param: str = "model") -> tuple[str, Mode | None]:
+    """The configured model a request's ``model`` stands for and the mode the name selects
+    (None: none; :func:`ponder.admission.resolve_model`); 404 ``model_not_found`` in
+    OpenAI's shape, naming ``param``, for a name no model has."""
+    try:
+        return admission.resolve_model(model, settings, param)
+    except AdmissionError as e:
+        raise OpenAIError(
+            e.status, e.code, e.message, param=param, kind="invalid_request_error"
+        ) from e
 
 
 def served_model(model: str, settings: Settings, param: str = "model") -> str:
-    """The served name a request's ``model`` stands for (itself, or what its alias names);
-    404 ``model_not_found`` (OpenAI's answer) for any other name."""
-    if model in SERVED_MODELS:
-        return model
-    served = settings.model_aliases.get(model)
-    if served is None:
-        raise OpenAIError(
-            404,
-            "model_not_found",
-            f"{param}: the model `{model}` does not exist; this service serves "
-            f"{', '.join(model_names(settings))} (PONDER_MODEL_ALIASES maps other names)",
-            param=param,
-            kind="invalid_request_error",
-        )
-    return served
+    """The name an answer gives for a request's ``model``: itself, or what its alias names
+    (OpenAI's answer names the model that served it); 404 ``model_not_found`` (OpenAI's
+    shape) for a name no model has. The task's model is the request's name
+    (:class:`~ponder.schemas.TaskCreate` ``model``: resolved on admission)."""
+    resolve_model(model, settings, param)
+    return settings.model_aliases.get(model, model)
 
 
 def openai_usage(task: Task) -> tuple[int, int]:
@@ -148,12 +153,13 @@ def openai_usage(task: Task) -> tuple[int, int]:
 
 
 def mode_of(model: str, mode: Mode | None) -> Mode:
-    """The mode a request asks for: its ``mode`` field, else the model name
-    (``ponder-fast|standard|deep|auto``), else :data:`~ponder.types.DEFAULT_MODE`."""
+    """The mode a request asks for: its ``mode`` field, else the model name's
+    (``NAME-fast|standard|deep|auto``, ``ponder-<mode>``), else
+    :data:`~ponder.types.DEFAULT_MODE`. ``model``: a served name (:func:`served_model`)."""
     if mode is not None:
         return mode
-    suffix = model.removeprefix("ponder-")
-    return Mode(suffix) if suffix != model and suffix in Mode.__members__ else DEFAULT_MODE
+    base, dash, suffix = model.rpartition("-")
+    return Mode(suffix) if dash and base and suffix in Mode.__members__ else DEFAULT_MODE
 
 
 def text_of(content: Any, where: str) -> str:
