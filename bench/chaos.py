@@ -79,7 +79,7 @@ from harness import (
 )
 
 #: a task's final statuses (``expired``: not started within its ``queue_timeout_s``)
-TERMINAL = harness.TERMINAL | {"expired"}
+TERMINAL = harness.TERMINAL
 SELF = Path(__file__).resolve()
 #: the two models of ``--two-models``
 MODELS = ("a", "b")

@@ -32,7 +32,7 @@ from typing import Any, ClassVar, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
-TERMINAL = {"done", "partial_done", "failed", "cancelled"}
+TERMINAL = {"done", "partial_done", "failed", "cancelled", "expired"}
 
 
 def free_port() -> int:

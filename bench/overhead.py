@@ -90,7 +90,7 @@ from harness import STAND_IN, Proc, free_port, percentile
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 ARQ_VENV = ROOT / ".venv-arq"
-TERMINAL = {"done", "partial_done", "failed", "cancelled"}
+TERMINAL = {"done", "partial_done", "failed", "cancelled", "expired"}
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 SEED = 20261203
 #: an open-loop point whose steady completion rate is below this share of its arrivals
