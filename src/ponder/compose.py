@@ -1,5 +1,6 @@
-"""``ponder serve``'s composition: one store, a worker runtime over it, and the HTTP API
-that starts and stops the runtime with itself and reports its engine. The API knows
+"""``ponder serve``'s composition: one store, a worker runtime over it (every configured
+model, each on its engine loaded on demand), and the HTTP API that starts and stops the
+runtime with itself and reports its engines. The API knows
 neither workers nor engines; this module is where the two meet."""
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ class AllInOne:
 
 
 def all_in_one(settings: Settings, *, workers: int = 1) -> AllInOne:
-    """The API and ``workers`` worker loops over one engine, sharing one store."""
+    """The API and ``workers`` worker loops per configured model, sharing one store."""
     store = create_store(settings)
     runtime = WorkerRuntime(settings, store, workers=workers)
     return AllInOne(create_app(settings, store=store, services=[runtime], status=runtime), runtime)
