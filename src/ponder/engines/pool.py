@@ -267,7 +267,6 @@ class ModelRunner:
         """Start the engine; the rows waiting for it are given their places on it. A failed
         start fails them (``eager``: raises)."""
         self.state = "loading"
-        ready = self._next
         started = time.monotonic()
         try:
             await self.engine.start()
@@ -275,7 +274,9 @@ class ModelRunner:
             log.error("model %s: its engine did not start: %s", self.name, e)
             await _quiet_close(self.engine)
             self.engine = self._new_engine()
-            self.state, self._next, self._waiting = "unloaded", None, 0
+            # the rows waiting now, including those that came during the start
+            ready, self._next, self._waiting = self._next, None, 0
+            self.state = "unloaded"
             if ready is not None and not ready.done():
                 ready.set_exception(e)
             if eager:
@@ -288,7 +289,7 @@ class ModelRunner:
         log.info(
             "model %s loaded (%s, %.1f s)", self.name, self.engine.name, time.monotonic() - started
         )
-        self._next = None
+        ready, self._next = self._next, None  # the rows waiting now
         self.running += self._waiting  # their places, held before they wake
         self._waiting = 0
         if ready is not None and not ready.done():
