@@ -68,9 +68,19 @@ def _announce(settings: Settings, listener: socket.socket, workers: int) -> str:
     store = create_store(settings).describe()  # no connection yet: only its name
     err_console.print(
         f"ponder on http://{host}:{port} — store: {store}; "
-        f"engine: {describe_engine(settings) if workers else '(none: api only)'}"
+        f"{_engines(settings) if workers else 'engine: (none: api only)'}"
     )
     return f"http://{host}:{port}"
+
+
+def _engines(settings: Settings) -> str:
+    """The engine in a few words; with a models file, each model's."""
+    if not settings.models_file:
+        return f"engine: {describe_engine(settings)}"
+    return "models: " + ", ".join(
+        f"{name} ({spec.engine}{f' {spec.model}' if spec.model else ''})"
+        for name, spec in settings.models.items()
+    )
 
 
 def _application(settings: Settings, workers: int) -> FastAPI:
