@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from collections.abc import Callable
@@ -13,8 +14,11 @@ import pytest
 
 from ponder.api.deps import key_digest
 from ponder.compose import all_in_one
+from ponder.config import Settings
 from ponder.engines.openvino import OpenVINOEngine
-from tests.conftest import ThreadedServer
+from ponder.store.records import ModelState
+from ponder.types import TaskStatus, utcnow
+from tests.conftest import ThreadedServer, open_store
 from tests.console.browser import DESKTOP, PHONE, console_log, set_viewport
 from tests.console.conftest import app_service, console_settings
 
@@ -308,4 +312,57 @@ def test_the_engine_panel_shows_a_dead_engine_process_until_it_restarts(
         engine._config["path"] = model_path
         wait(page, lambda d: css(d, "#engine-process").get_attribute("data-state") == "live", 120)
         assert re.fullmatch(r"process \d+ live · \d+ restarts", css(page, "#engine-process").text)
+        assert errors(page) == []
+
+
+MODELS = """
+[models.small]
+engine = "scripted"
+
+[models.big]
+engine = "scripted"
+"""
+
+
+async def _expire_and_serve_big(settings: Settings, task_id: str) -> None:
+    """The task ends ``expired`` (as the sweeper writes it) and a worker serving ``big``
+    (loaded, 512 MB) registers."""
+    async with open_store(settings) as store:
+        task = await store.get_task(task_id)
+        assert task is not None
+        task.status, task.finished_at = TaskStatus.expired, utcnow()
+        assert await store.update_task(task, [("status", {"status": "expired"})])
+        state = ModelState("big", "test1-big-w0", "loaded", 512.0)
+        await store.register_worker("test1-big-w0", 60, [state])
+
+
+def test_the_model_of_each_task_and_the_models_panel(page: WebDriver, tmp_path: Path) -> None:
+    (tmp_path / "models.toml").write_text(MODELS)
+    settings = console_settings(tmp_path, models_file=str(tmp_path / "models.toml"))
+    with app_service(settings, workers=0) as live:
+        big = submit(live.url, {"prompt": "x", "model": "big-fast"})
+        small = submit(live.url, {"prompt": "y", "queue_timeout_s": 5})
+        asyncio.run(_expire_and_serve_big(settings, small["id"]))
+        for size in (DESKTOP, PHONE):
+            set_viewport(page, size)
+            page.get(f"{live.url}/console")
+            wait(page, loaded("#overview", "#tasks"))
+            width = page.execute_script("return document.documentElement.scrollWidth")
+            assert width <= size[0], f"the page is {width} px wide in a {size[0]} px viewport"
+        set_viewport(page, DESKTOP)
+        row = css(page, f'tr[data-task="{big["id"]}"]')
+        assert row.find_element("css selector", ".model-cell").text == "big"
+        expired = css(page, f'tr[data-task="{small["id"]}"] .badge')
+        assert expired.get_attribute("data-status") == "expired" and expired.text == "expired"
+        loaded_big = css(page, '#models-panel tr[data-model="big"]')
+        assert loaded_big.get_attribute("data-state") == "loaded"
+        assert "512 MB" in loaded_big.text and "1 worker" in loaded_big.text
+        assert "not served" in css(page, '#models-panel tr[data-model="small"]').text
+        page.get(f"{live.url}/console#/tasks/{small['id']}")
+        wait(page, lambda d: css(d, "#task").get_attribute("data-status") == "expired")
+        assert css(page, "#task-model").text == "small"
+        assert "never ran" in css(page, "#expired-note").text
+        page.get(f"{live.url}/console#/tasks/{big['id']}")
+        wait(page, lambda d: css(d, "#task-model").text == "big")
+        assert "fast mode" in css(page, "#task .meta").text
         assert errors(page) == []

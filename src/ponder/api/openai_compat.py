@@ -237,21 +237,25 @@ async def chat_completions(request: Request) -> Response:
 def _model(model_id: str, settings: Settings, states: list[ModelState]) -> dict[str, Any]:
     """One entry of ``/v1/models``: OpenAI's fields, and in ``ponder`` the configured
     model the name stands for, the mode it selects, its engine and how the live workers
-    serve it (``served``; ``state``: the most loaded of theirs; ``resident_mb``: their
-    loaded engines' resident memory together)."""
+    serve it (``served``; ``state``: the most loaded of theirs; ``resident_mb``: the
+    resident memory of its engines, each process's once, as ``/v1/overview`` counts it)."""
     model, mode = resolve_model(model_id, settings)
     mine = [s for s in states if s.model == model]
     state = next(
         (k for k in ("loaded", "loading", "unloaded") if any(s.state == k for s in mine)), None
     )
-    sizes = [s.resident_mb for s in mine if s.state == "loaded" and s.resident_mb is not None]
+    sizes: dict[str, float] = {}  # each process once: its worker loops share one engine
+    for s in mine:
+        if s.resident_mb is not None:
+            process = s.worker.rpartition("-w")[0] or s.worker
+            sizes[process] = max(sizes.get(process, 0.0), s.resident_mb)
     ponder = {
         "model": model,
         "mode": (mode or DEFAULT_MODE).value,
         "engine": settings.models[model].engine,
         "served": bool(mine),
         "state": state,
-        "resident_mb": round(sum(sizes), 1) if sizes else None,
+        "resident_mb": round(sum(sizes.values()), 1) if sizes else None,
     }
     return {
         "id": model_id,

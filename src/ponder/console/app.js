@@ -295,12 +295,31 @@ function renderOverview(el, data) {
     tiles.push(tile("Tokens / s", data.tokens_per_s === null ? "—" : data.tokens_per_s.toFixed(1), "tokens",
       h("div", { class: "sub" }, `${e.tokens ?? "—"} tokens generated`)));
   }
+  if (Array.isArray(data.models) && data.models.length) tiles.push(modelsTile(data.models));
   if (data.finished) tiles.push(finishedTile(data.finished));
   const head = h("div", { class: "card-head" }, h("h2", {}, "Overview"),
     h("span", { class: "muted small" }, `${data.role} · updated ${fmtTime(data.time)}`));
   el.replaceChildren(head, h("div", { class: "tiles" }, tiles));
   if (data.note) el.append(h("p", { class: "note", id: "overview-note" }, data.note));
   el.dataset.loaded = "true";
+}
+
+/** The models the live workers serve: each one's state, resident memory and workers. */
+function modelsTile(models) {
+  const rows = models.map((m) => {
+    const state = typeof m.state === "string" ? m.state : "none";
+    const mb = typeof m.resident_mb === "number" ? `${m.resident_mb.toFixed(0)} MB` : "—";
+    const workers = Array.isArray(m.workers) ? m.workers.length : (typeof m.workers === "number" ? m.workers : null);
+    const pending = m.queue && typeof m.queue.pending === "number" ? m.queue.pending : null;
+    return h("tr", { dataset: { model: String(m.model), state } },
+      h("td", { class: "mono" }, String(m.model)),
+      h("td", {}, h("span", { class: `badge m-${state}` }, m.state ? state : "not served")),
+      h("td", { class: "num" }, mb),
+      h("td", { class: "num" }, workers === null ? "—" : `${workers} worker${workers === 1 ? "" : "s"}`),
+      h("td", { class: "num" }, pending === null ? "—" : `${pending} pending`));
+  });
+  return h("div", { class: "tile wide", id: "models-panel" }, h("div", { class: "tile-title" }, "Models"),
+    h("table", { class: "models-table" }, h("tbody", {}, rows)));
 }
 
 function finishedTile(finished) {
@@ -373,7 +392,7 @@ function taskList() {
   const el = h("section", { class: "card tasks", id: "tasks" },
     h("div", { class: "card-head" }, h("h2", {}, "Tasks"), filter),
     h("div", { class: "table-wrap" }, h("table", {},
-      h("thead", {}, h("tr", {}, ["Task", "Status", "Mode", "Created", "Samples", "Answer"].map((t) => h("th", {}, t)))),
+      h("thead", {}, h("tr", {}, ["Task", "Status", "Model", "Mode", "Created", "Samples", "Answer"].map((t) => h("th", {}, t)))),
       body)),
     error, h("div", { class: "pager" }, newer, where, older));
 
@@ -384,7 +403,7 @@ function taskList() {
     const data = await api("GET", `/v1/tasks?${params}`);
     next = data.next_cursor;
     const rows = data.data.map(taskRow);
-    body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 6, class: "muted" },
+    body.replaceChildren(...(rows.length ? rows : [h("tr", {}, h("td", { colspan: 7, class: "muted" },
       status ? `No ${status.replace("_", " ")} tasks.` : "No tasks yet: submit one above."))]));
     newer.disabled = page === 0;
     older.disabled = !next;
@@ -413,7 +432,7 @@ function taskRow(task) {
   const answer = task.result ? task.result.answer ?? "—" : "";
   return h("tr", { dataset: { task: task.id } },
     h("td", {}, h("a", { href: `#/tasks/${encodeURIComponent(task.id)}`, class: "mono" }, task.id)),
-    h("td", {}, badge(task.status)), h("td", {}, task.mode),
+    h("td", {}, badge(task.status)), h("td", { class: "model-cell" }, task.model ?? "—"), h("td", {}, task.mode),
     h("td", { title: task.created_at }, fmtTime(task.created_at)),
     h("td", {}, `${task.samples_done}/${task.samples_planned}`),
     h("td", { class: "answer-cell" }, answer));
@@ -467,8 +486,10 @@ class TaskPage {
     this.status = h("span", { id: "task-status" });
     this.head = h("section", { class: "card task-head", id: "task" },
       h("div", { class: "title-row" }, h("h1", { class: "mono" }, task.id), this.status, this.cancel),
-      h("p", { class: "meta" }, `${task.mode} mode · ${task.task_type} · priority ${task.priority} · ` +
-        `${task.samples_planned} sample${task.samples_planned === 1 ? "" : "s"} planned`));
+      h("p", { class: "meta" }, h("span", { class: "model", id: "task-model" }, task.model ?? "—"),
+        ` · ${task.mode} mode · ${task.task_type} · priority ${task.priority} · ` +
+        `${task.samples_planned} sample${task.samples_planned === 1 ? "" : "s"} planned` +
+        (task.queue_timeout_s ? ` · queue timeout ${task.queue_timeout_s} s` : "")));
     this.answer = h("section", { class: "card answer", id: "answer" });
     this.votes = h("section", { class: "card votes", id: "votes" });
     this.sampleGrid = h("div", { class: "samples" });
@@ -533,6 +554,9 @@ class TaskPage {
       if (shown.clarification) {
         parts.push(h("div", { class: "clarification", id: "clarification" }, h("strong", {}, "Clarification: "), shown.clarification));
       }
+    } else if (task.status === "expired") {
+      parts.push(h("p", { class: "muted", id: "expired-note" },
+        `Not started within its queue timeout (${task.queue_timeout_s ?? "?"} s): it never ran.`));
     } else if (!isTerminal(task.status)) {
       parts.push(h("p", { class: "muted" }, task.status === "pending" ? "Waiting for a worker…" : "The samples are being written…"));
     }
