@@ -8,6 +8,7 @@ import json
 import time
 import typing
 from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,8 +30,8 @@ from ponder.client import (
 )
 from ponder.config import Settings
 from ponder.errors import ConfigError
-from ponder.types import FieldVote, JsonSchemaFormat, ResponseFormat, Task, TaskStatus
-from tests.conftest import LiveServer
+from ponder.types import FieldVote, JsonSchemaFormat, ResponseFormat, Task, TaskStatus, utcnow
+from tests.conftest import LiveServer, make_settings, open_store
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -432,7 +433,8 @@ def test_top_level_exports() -> None:
 SUBMIT_PARAMETERS = {
     "prompt": None, "messages": None, "model": None, "mode": None, "task_type": "auto",
     "priority": 3, "callback_url": None, "samples": None, "max_new_tokens": None,
-    "temperature": None, "timeout_s": None, "queue_timeout_s": None, "tests": None, "stop": None, "early_stop": None,
+    "temperature": None, "timeout_s": None, "queue_timeout_s": None, "tests": None,
+    "stop": None, "early_stop": None,
     "target_confidence": None, "max_samples": None, "max_total_tokens": None,
     "metadata": None, "response_format": None, "idempotency_key": None,
 }  # fmt: skip
@@ -455,3 +457,39 @@ def test_both_clients_have_the_same_methods_and_signatures() -> None:
     assert typing.get_type_hints(AsyncClient.submit)["return"] is Task
     assert "InvalidRequestError" in (inspect.getdoc(AsyncClient.submit) or "")
     assert TaskEvent.__module__ == NotFoundError.__module__ == "ponder.client"
+
+
+MODELS = """
+[models.small]
+engine = "scripted"
+
+[models.big]
+engine = "scripted"
+"""
+
+
+async def test_submit_to_a_model_and_an_expired_task_ends_the_wait(tmp_path: Path) -> None:
+    """``model`` and ``queue_timeout_s`` reach the task; an unknown model is
+    ``NotFoundError`` (``model_not_found``) and creates nothing; ``expired`` is an end
+    that ``wait`` and ``events`` stop on."""
+    (tmp_path / "models.toml").write_text(MODELS)
+    settings = make_settings(
+        sqlite_path=str(tmp_path / "ponder.db"), models_file=str(tmp_path / "models.toml")
+    )
+    async with LiveServer(settings, workers=0) as live, AsyncClient(live.url) as client:
+        task = await client.submit("2 + 2?", model="big-deep", queue_timeout_s=5)
+        assert (task.model, task.mode, task.queue_timeout_s) == ("big", "deep", 5)
+        assert (await client.submit("2 + 2?")).model == "small"
+        with pytest.raises(NotFoundError) as unknown:
+            await client.submit("2 + 2?", model="huge")
+        assert unknown.value.code == "model_not_found" and "`huge`" in unknown.value.message
+        assert len((await client.list()).data) == 2
+        async with open_store(settings) as store:  # as the expiry sweeper writes it
+            stored = await store.get_task(task.id)
+            assert stored is not None
+            stored.status, stored.finished_at = TaskStatus.expired, utcnow()
+            assert await store.update_task(stored, [("status", {"status": "expired"})])
+        ended = await asyncio.wait_for(client.wait(task.id, timeout=10), 15)
+        assert ended.status == TaskStatus.expired
+        events = [e async for e in client.events(task.id, timeout=10)]
+        assert events[-1].is_final and events[-1].status == TaskStatus.expired

@@ -14,6 +14,7 @@ from rich.table import Table
 from rich.text import Text
 
 from ponder.cli.base import err_console
+from ponder.config.models import DEFAULT_MODEL
 from ponder.types import Result, Sample, SampleStatus, Task
 
 if TYPE_CHECKING:
@@ -62,7 +63,8 @@ class TaskProgress:
         grid = Table.grid(padding=(0, 2))
         grid.add_column(style="dim")
         grid.add_column()
-        grid.add_row("task", f"[bold]{self.task_id}[/bold] {self.status} · {self.model}")
+        model = "" if self.model == DEFAULT_MODEL else f" · {self.model}"  # ponder: the one
+        grid.add_row("task", f"[bold]{self.task_id}[/bold] {self.status}{model}")
         if self.status == "expired":
             grid.add_row("", "not started within its queue_timeout_s: it never ran")
         bar = ProgressBar(total=max(self.planned, 1), completed=self.finished, width=30)

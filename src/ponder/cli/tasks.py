@@ -27,6 +27,7 @@ from ponder.cli.base import (
 )
 from ponder.cli.progress import follow
 from ponder.client_core import DEFAULT_URL
+from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import ConfigError
 from ponder.types import EventName, Mode, Result, Task, TaskStatus, TaskType
 
@@ -101,11 +102,17 @@ _COLORS = {
 }
 
 
+def _model_part(task: Task) -> str:
+    """``"NAME · "`` for a task's model, "" for ``ponder`` (a service without a models
+    file: its one model)."""
+    return "" if task.model == DEFAULT_MODEL else f"{task.model} · "
+
+
 def _print_task(task: Task) -> None:
     status = task.status.value
     tint = _COLORS.get(status, "red")
     console.print(
-        f"[bold]{task.id}[/bold] [{tint}]{status}[/{tint}] · {task.model} · {task.mode} · "
+        f"[bold]{task.id}[/bold] [{tint}]{status}[/{tint}] · {_model_part(task)}{task.mode} · "
         f"{task.samples_done}/{task.samples_planned} samples"
     )
     result = task.result
@@ -348,24 +355,32 @@ def tasks(
     if as_json:
         print_json({"data": [t.to_public() for t in page.data], "next_cursor": page.next_cursor})
         return
+    console.print(_task_table(page.data))
+    if page.next_cursor:
+        console.print(f"more: --cursor {page.next_cursor}")
+
+
+def _task_table(listed: list[Task]) -> Table:
+    """A page of tasks, one row each; the model column unless every task is on ``ponder``
+    (a service without a models file: its one model)."""
+    models = any(task.model != DEFAULT_MODEL for task in listed)
     table = Table(
-        Column("id", no_wrap=True), "status", "model", "mode", Column("created", no_wrap=True),
-        "samples", "answer", box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
+        Column("id", no_wrap=True), "status", *(["model"] if models else []), "mode",
+        Column("created", no_wrap=True), "samples", "answer",
+        box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True,
     )  # fmt: skip
-    for task in page.data:
+    for task in listed:
         answer = task.result.answer if task.result is not None else None
         table.add_row(
             task.id,
             Text(task.status.value, style=_COLORS.get(task.status.value, "red")),
-            task.model,
+            *([task.model] if models else []),
             task.mode,
             task.created_at.strftime("%Y-%m-%d %H:%M"),
             f"{task.samples_done}/{task.samples_planned}",
             "" if answer is None else str(answer),
         )
-    console.print(table)
-    if page.next_cursor:
-        console.print(f"more: --cursor {page.next_cursor}")
+    return table
 
 
 COMMANDS = (submit, events, get, cancel, wait, tasks)
