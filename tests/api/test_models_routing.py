@@ -278,3 +278,25 @@ async def test_each_model_answers_on_its_own_queue(two_models: Settings) -> None
             task = await task_of(http, task_id)
             assert task["status"] == "done" and task["model"] == model
             assert {s["model"] for s in task["samples"]} <= {model, None}
+
+
+async def test_a_chat_completion_whose_task_expires(two_models: Settings) -> None:
+    """A task not started within its ``queue_timeout_s`` never runs: the chat completion
+    answers 503 ``queue_timeout`` (not retried), streamed or not."""
+    async with (
+        LiveServer(two_models, workers=1) as live,
+        AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x") as sdk,  # the SDK's retries on
+        httpx.AsyncClient(base_url=live.url, timeout=10) as http,
+    ):
+        late = {"queue_timeout_s": 0.001}  # past before any worker can claim it
+        with pytest.raises(openai.InternalServerError) as expired:
+            await sdk.chat.completions.create(model="big", messages=ASK, extra_body=late)
+        assert expired.value.status_code == 503 and expired.value.code == "queue_timeout"
+        assert "expired" in expired.value.message
+        (task,) = (await http.get("/v1/tasks")).json()["data"]  # one task: not retried
+        assert (task["status"], task["model"], task["samples_used"]) == ("expired", "big", 0)
+        body = {"model": "small", "messages": ASK, "stream": True, **late}
+        async with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+            lines = [line async for line in stream.aiter_lines() if line.startswith("data:")]
+        role, error = (json.loads(line.removeprefix("data: ")) for line in lines)
+        assert role["model"] == "small" and error["error"]["code"] == "queue_timeout"

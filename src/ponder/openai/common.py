@@ -288,12 +288,20 @@ def ponder_field(task: Task) -> dict[str, Any]:
 
 
 def failure(task: Task | None, task_id: str) -> OpenAIError | None:
-    """The error for a task that ended without an answer (None when it has one)."""
+    """The error for a task that ended without an answer (None when it has one): 409
+    ``cancelled``; 503 ``queue_timeout`` for one that expired in its model's queue (it
+    never ran; not retried by the SDK: the request's own deadline passed); else 500 with
+    the task's error code."""
     no_retry = {"x-should-retry": "false"}  # the task was already tried; do not resubmit
     if task is None:
         return OpenAIError(500, "internal", f"task {task_id} disappeared", headers=no_retry)
     if task.status == TaskStatus.cancelled:
         return OpenAIError(409, "cancelled", f"task {task.id} was cancelled", headers=no_retry)
+    if task.status == TaskStatus.expired:  # no worker of its model started it in time
+        message = task.error.message if task.error else "not started within its queue_timeout_s"
+        return OpenAIError(
+            503, "queue_timeout", f"task {task.id} expired: {message}", headers=no_retry
+        )
     if task.result is None:
         code = task.error.code if task.error else "failed"
         message = task.error.message if task.error else "no sample finished"
