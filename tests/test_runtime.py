@@ -83,9 +83,11 @@ def _two_models(
 _IDS = IdGenerator("t1")
 
 
-async def _create(store: TaskStore, s: Settings, prompt: str, model: str) -> Task:
+async def _create(
+    store: TaskStore, s: Settings, prompt: str, model: str, queue_timeout_s: float | None = None
+) -> Task:
     task = build_task(TaskCreate(prompt=prompt), s, task_id=_IDS.new_id(), owner="")
-    task = task.model_copy(update={"model": model})
+    task = task.model_copy(update={"model": model, "queue_timeout_s": queue_timeout_s})
     stored, _ = await store.create_task(task, Admission(max_pending=s.max_pending))
     return stored
 
@@ -222,3 +224,30 @@ async def test_ponder_worker_models_names_configured_models(tmp_path: Path) -> N
     code, out, _ = await run_cli("worker", "--help", env={"COLUMNS": "200"})
     words = " ".join(out.replace("│", " ").split())  # rich's box, wrapped
     assert code == 0 and "--models" in words and "(default: every model of the file)" in words
+
+
+@pytest.mark.timeout(60)
+async def test_a_task_of_a_model_nobody_serves_expires_through_the_runtime(
+    settings: Settings, tmp_path: Path
+) -> None:
+    """The runtime runs the expiry sweeper: a task for `big`, which this process does not
+    serve (`ponder worker --models small`), ends expired at its queue deadline and never
+    runs; `small`'s task runs."""
+    s = _two_models(settings, tmp_path)
+    recorded = _Recorded()
+    async with open_store(s) as store:
+        runtime = WorkerRuntime(s, store, models=["small"], factory=recorded)
+        await runtime.start()
+        try:
+            stranded = await _create(store, s, "[[answers: 1]]", "big")
+            expiring = await _create(store, s, "[[answers: 1]]", "big", queue_timeout_s=0.2)
+            served = await _create(store, s, "[[answers: 2]]", "small")
+            ended = await _wait_done(store, expiring.id)
+            assert ended.status is TaskStatus.expired and ended.started_at is None
+            assert ended.error is not None and ended.error.code == "queue_timeout"
+            assert (await _wait_done(store, served.id)).status is TaskStatus.done
+            assert [t for _, t in recorded.rows if t == expiring.id] == []
+            still = await store.get_task(stranded.id)  # no deadline: left pending
+            assert still is not None and still.status is TaskStatus.pending
+        finally:
+            await runtime.stop()

@@ -33,6 +33,7 @@ from ponder.openai.batch_feeder import BatchFeeder
 from ponder.store.base import TaskStore
 from ponder.webhooks import WebhookSender
 from ponder.worker import SampleRunner, Worker
+from ponder.worker.expiry import ExpirySweeper
 
 __all__ = ["WorkerRuntime", "served_models", "worker_id"]
 
@@ -118,6 +119,8 @@ class WorkerRuntime:
         # the Batch API's feeder and OpenAI-shaped webhooks (one process at a time: a lease)
         self.feeder = BatchFeeder(store, settings, holder=f"{settings.node_id}-f")
         self._feeder_loop: asyncio.Task[None] | None = None
+        # queue deadlines: every model's pending tasks past their queue_timeout_s end expired
+        self.expiry = ExpirySweeper(store)
 
     @property
     def runners(self) -> dict[str, ModelRunner]:
@@ -136,6 +139,7 @@ class WorkerRuntime:
         await self.webhooks.start()  # the outbox's delivery loop of this process
         self._loops = [asyncio.create_task(w.run(), name=w.worker_id) for w in self.workers]
         self._feeder_loop = asyncio.create_task(self.feeder.run(), name="batch-feeder")
+        await self.expiry.start()
         for runner in self.pool.runners.values():
             log.info(
                 "model %s: %d worker(s), engine %r (%s), %s, %s batching",
@@ -184,6 +188,7 @@ class WorkerRuntime:
         for worker in self.workers:
             worker.stop()
         self.feeder.stop()
+        await self.expiry.stop()
         loops = [*self._loops, *([self._feeder_loop] if self._feeder_loop else [])]
         results = await asyncio.gather(*loops, return_exceptions=True)
         for result in results:

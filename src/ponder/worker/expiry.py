@@ -4,7 +4,7 @@ A task with a ``queue_timeout_s`` (its own, else its model's, else
 ``PONDER_QUEUE_TIMEOUT_S``; resolved when it is created) must start within that many
 seconds of ``created_at``. A worker that claims it later does not run it (the claim-time
 check); the :class:`ExpirySweeper` ends the ones nobody claims: every
-``expiry_every_s`` it asks the store for the pending tasks past their deadline
+``every_s`` (1 s) it asks the store for the pending tasks past their deadline
 (:meth:`~ponder.store.base.TaskRecords.expire_due`, oldest deadline first) and writes each
 ``expired``: ``finished_at``, ``error`` ``queue_timeout``, and one ``result`` event with
 the whole task (the stream's last, as a failed task's) — the write that also puts its
