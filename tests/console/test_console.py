@@ -85,6 +85,8 @@ def test_the_page_loads_without_errors_at_desktop_and_phone_widths(
         wait(page, loaded("#overview", "#tasks"))
         width = page.execute_script("return document.documentElement.scrollWidth")
         assert width <= size[0], f"the page is {width} px wide in a {size[0]} px viewport"
+        overview = css(page, "#overview").text
+        assert "undefined" not in overview and "NaN" not in overview, overview
         assert errors(page) == []
         assert all(u.startswith(service.url) for u in resources(page)), resources(page)
     wait(page, lambda d: css(d, "#overview [data-figure=pending]").text == "0")  # it ran

@@ -324,10 +324,11 @@ function modelsTile(models) {
 
 function finishedTile(finished) {
   const buckets = finished.recent;
-  const ended = names.terminal;
-  const most = Math.max(1, ...buckets.map((b) => ended.reduce((sum, s) => sum + b[s], 0)));
+  // the ends the overview counts (a service older than a status leaves it out)
+  const ended = names.terminal.filter((s) => finished.total[s] !== undefined);
+  const most = Math.max(1, ...buckets.map((b) => ended.reduce((sum, s) => sum + (b[s] || 0), 0)));
   const columns = buckets.map((b) => {
-    const total = ended.reduce((sum, s) => sum + b[s], 0);
+    const total = ended.reduce((sum, s) => sum + (b[s] || 0), 0);
     const column = h("div", { class: "col", title: `${fmtTime(b.start)}: ` + ended.map((s) => `${s} ${b[s]}`).join(", ") });
     for (const status of ended) {
       if (!b[status]) continue;
