@@ -15,7 +15,6 @@ from typing import Protocol
 
 from ponder import metrics
 from ponder.config import ModeConfig, Settings
-from ponder.config.models import DEFAULT_MODEL
 from ponder.errors import AdmissionError, IdempotencyConflict, QueueFull
 from ponder.ids import IdGenerator, parse_task_id
 from ponder.schemas import TaskCreate
@@ -52,14 +51,9 @@ def resolve_model(name: str, settings: Settings, param: str = "model") -> tuple[
     configured model, ``ponder`` and ``ponder-<mode>`` for the default model, an alias of
     ``PONDER_MODEL_ALIASES`` for what it names. 404 ``model_not_found`` naming ``param``
     for any other name."""
-    # what Settings.served_names() maps, without building it (this runs on every request)
-    target = settings.model_aliases.get(name, name)
-    base, dash, suffix = target.rpartition("-")
-    model, mode = (base, Mode(suffix)) if dash and suffix in Mode.__members__ else (target, None)
-    if model in settings.models:
-        return model, mode
-    if model == DEFAULT_MODEL:
-        return settings.default_model, mode
+    served = settings.served_names().get(settings.model_aliases.get(name, name))
+    if served is not None:
+        return served
     modes = "|".join(m.value for m in Mode)
     aliases = f"; aliases: {', '.join(settings.model_aliases)}" if settings.model_aliases else ""
     raise AdmissionError(

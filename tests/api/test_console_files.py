@@ -61,7 +61,7 @@ async def test_config_says_whether_a_key_is_needed(settings: Settings) -> None:
 def test_config_gives_the_console_the_services_names() -> None:
     """The page keeps no copy of the statuses: it reads them from the config."""
     assert NAMES["statuses"] == [s.value for s in TaskStatus]
-    assert NAMES["terminal"] == ["done", "partial_done", "failed", "cancelled"]
+    assert NAMES["terminal"] == ["done", "partial_done", "failed", "cancelled", "expired"]
     assert all(is_terminal(s) == (s in NAMES["terminal"]) for s in NAMES["statuses"])
     assert NAMES["status_events"] == ["status", "result"]
     assert NAMES["finished_samples"] == ["done", "timeout", "error", "cancelled", "skipped"]

@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, Request
 
 from ponder import metrics
 from ponder.api.deps import Owner, State, engine_status, rate_limit
+from ponder.states import is_terminal
 from ponder.status import EngineStatus
 from ponder.store.base import ModelState
 from ponder.types import TaskStatus
@@ -42,10 +43,7 @@ __all__ = ["router"]
 
 router = APIRouter(prefix="/v1", tags=["operations"], dependencies=[Depends(rate_limit)])
 
-_FINISHED = [
-    s.value
-    for s in (TaskStatus.done, TaskStatus.partial_done, TaskStatus.failed, TaskStatus.cancelled)
-]
+_FINISHED = [s.value for s in TaskStatus if is_terminal(s)]
 #: snapshots closer together than this replace each other
 _MIN_GAP_S = 1.0
 _KEEP_S = 15 * 60.0

@@ -17,12 +17,15 @@ from typing import Any, Literal, Protocol, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 from pydantic_settings import BaseSettings, TomlConfigSettingsSource
 
+from ponder.types import Mode
+
 __all__ = [
     "DEFAULT_MODEL",
     "KEEP_LOADED",
     "ModelSpec",
     "engine_settings",
     "load_models",
+    "served_names",
 ]
 
 #: the one model's name without a models file (and the OpenAI name ``ponder``'s model)
@@ -201,3 +204,17 @@ def engine_settings(settings: _S, spec: ModelSpec) -> _S:
     if spec.api_key_env:
         update["openai_api_key"] = os.environ.get(spec.api_key_env, "")
     return settings.model_copy(update=update)
+
+
+def served_names(models: dict[str, ModelSpec]) -> dict[str, tuple[str, Mode | None]]:
+    """The model names requests may give for ``models`` (the first is the default), each
+    with the model and the mode it stands for: ``ponder`` / ``ponder-<mode>`` the default
+    model (or a model named ``ponder``), ``NAME`` / ``NAME-<mode>`` each model."""
+    names: dict[str, tuple[str, Mode | None]] = {}
+    if not models:
+        return names
+    for model in (DEFAULT_MODEL, *models):
+        target = next(iter(models)) if model == DEFAULT_MODEL and model not in models else model
+        names[model] = (target, None)
+        names.update({f"{model}-{mode.value}": (target, mode) for mode in Mode})
+    return names

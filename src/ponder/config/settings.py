@@ -22,7 +22,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ponder.config.models import DEFAULT_MODEL, ModelSpec, load_models
+from ponder.config.models import ModelSpec, load_models, served_names
 from ponder.config.modes import NUM_PRIORITIES, SERVED_MODELS, ModeConfig, default_modes
 from ponder.types import Mode
 
@@ -460,11 +460,13 @@ class Settings(BaseSettings):
 
     #: the models served, by name (the first is the default): :mod:`ponder.config.models`
     _models: dict[str, ModelSpec] = PrivateAttr(default_factory=dict)
+    _served: dict[str, tuple[str, Mode | None]] = PrivateAttr(default_factory=dict)
 
     @model_validator(mode="after")
     def _check_as_a_whole(self) -> Settings:
         problems = [problem for check in CROSS_FIELD_CHECKS for problem in check(self)]
         self._models, in_file = load_models(self)
+        self._served = served_names(self._models)
         problems += in_file or list(_aliases_name_served_models(self))
         if problems:
             raise PydanticCustomError(CONFLICT, "{problems}", {"problems": "\n".join(problems)})
@@ -484,15 +486,10 @@ class Settings(BaseSettings):
 
     def served_names(self) -> dict[str, tuple[str, Mode | None]]:
         """The model names requests may give (aliases aside), each with the model and mode
-        it stands for: ``NAME`` and ``NAME-<mode>`` for every model, and ``ponder`` /
-        ``ponder-<mode>`` for the default model (None: the request's own mode, else
-        standard)."""
-        names: dict[str, tuple[str, Mode | None]] = {}
-        for model in (DEFAULT_MODEL, *self._models):
-            target = self.default_model if model == DEFAULT_MODEL else model
-            names[model] = (target, None)
-            names.update({f"{model}-{mode.value}": (target, mode) for mode in Mode})
-        return names
+        it stands for: ``ponder`` / ``ponder-<mode>`` for the default model, then ``NAME``
+        and ``NAME-<mode>`` for every model (None: the request's own mode, else
+        standard). Made once, with the models."""
+        return self._served
 
     @property
     def default_model(self) -> str:

@@ -182,6 +182,7 @@ def parse_response_body(
     text_format = _text_format(req, prefix)
     fields = {
         "messages": messages,
+        "model": req.model,
         "mode": mode,
         "task_type": req.task_type,
         "priority": req.priority,
