@@ -13,6 +13,7 @@ from ponder.types import TaskStatus as S
 ALLOWED = {
     (S.pending, S.running),
     (S.pending, S.cancelled),
+    (S.pending, S.expired),
     (S.running, S.done),
     (S.running, S.partial_done),
     (S.running, S.failed),
@@ -30,7 +31,7 @@ def test_exactly_the_api_md_transitions(old: S, new: S) -> None:
 
 
 def test_terminal_states() -> None:
-    assert {S.done, S.partial_done, S.failed, S.cancelled} == TERMINAL
+    assert {S.done, S.partial_done, S.failed, S.cancelled, S.expired} == TERMINAL
     assert not is_terminal(S.pending)
     assert not is_terminal("running")
 

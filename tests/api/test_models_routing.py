@@ -26,6 +26,7 @@ from ponder.store import TaskStore
 from ponder.store.base import StoredObject
 from ponder.store.records import ModelState
 from ponder.types import Mode
+from ponder.worker.expiry import ExpirySweeper
 from tests.api.sdk import fast_settings
 from tests.conftest import LiveServer, make_settings, open_store
 
@@ -282,21 +283,28 @@ async def test_each_model_answers_on_its_own_queue(two_models: Settings) -> None
 
 async def test_a_chat_completion_whose_task_expires(two_models: Settings) -> None:
     """A task not started within its ``queue_timeout_s`` never runs: the chat completion
-    answers 503 ``queue_timeout`` (not retried), streamed or not."""
+    answers 503 ``queue_timeout`` (not retried), streamed or not. No worker runs here, only
+    the sweeper that every worker process runs (a worker could claim the task within its
+    deadline, however short)."""
     async with (
-        LiveServer(two_models, workers=1) as live,
+        LiveServer(two_models, workers=0) as live,
         AsyncOpenAI(base_url=f"{live.url}/v1", api_key="x") as sdk,  # the SDK's retries on
         httpx.AsyncClient(base_url=live.url, timeout=10) as http,
     ):
-        late = {"queue_timeout_s": 0.001}  # past before any worker can claim it
-        with pytest.raises(openai.InternalServerError) as expired:
-            await sdk.chat.completions.create(model="big", messages=ASK, extra_body=late)
-        assert expired.value.status_code == 503 and expired.value.code == "queue_timeout"
-        assert "expired" in expired.value.message
-        (task,) = (await http.get("/v1/tasks")).json()["data"]  # one task: not retried
-        assert (task["status"], task["model"], task["samples_used"]) == ("expired", "big", 0)
-        body = {"model": "small", "messages": ASK, "stream": True, **late}
-        async with http.stream("POST", "/v1/chat/completions", json=body) as stream:
-            lines = [line async for line in stream.aiter_lines() if line.startswith("data:")]
+        sweeper = ExpirySweeper(live.app.state.ponder.store, every_s=0.05)  # the API's store
+        await sweeper.start()
+        try:
+            late = {"queue_timeout_s": 0.1}
+            with pytest.raises(openai.InternalServerError) as expired:
+                await sdk.chat.completions.create(model="big", messages=ASK, extra_body=late)
+            assert expired.value.status_code == 503 and expired.value.code == "queue_timeout"
+            assert "expired" in expired.value.message
+            (task,) = (await http.get("/v1/tasks")).json()["data"]  # one task: not retried
+            assert (task["status"], task["model"], task["samples_used"]) == ("expired", "big", 0)
+            body = {"model": "small", "messages": ASK, "stream": True, **late}
+            async with http.stream("POST", "/v1/chat/completions", json=body) as stream:
+                lines = [line async for line in stream.aiter_lines() if line.startswith("data:")]
+        finally:
+            await sweeper.stop()
         role, error = (json.loads(line.removeprefix("data: ")) for line in lines)
         assert role["model"] == "small" and error["error"]["code"] == "queue_timeout"

@@ -23,6 +23,7 @@ __all__ = [
     "DEFAULT_MODEL",
     "KEEP_LOADED",
     "ModelSpec",
+    "default_model_spec",
     "engine_settings",
     "load_models",
     "served_names",
@@ -132,7 +133,7 @@ def load_models(settings: _EngineSettings) -> tuple[dict[str, ModelSpec], list[s
     """The models ``settings`` serve, by name (the file's order; the first is the
     default), and the problems found: one line each, naming the model and key."""
     if not settings.models_file:
-        return {DEFAULT_MODEL: _from_settings(settings)}, []
+        return {DEFAULT_MODEL: default_model_spec(settings)}, []
     path = Path(settings.models_file).expanduser()
     where = f"PONDER_MODELS_FILE={settings.models_file}"
     if not path.is_file():
@@ -175,7 +176,7 @@ def _describe(error: Any) -> str:
     return f"{path}: {str(error['msg']).removeprefix('Value error, ')}"
 
 
-def _from_settings(settings: _EngineSettings) -> ModelSpec:
+def default_model_spec(settings: _EngineSettings) -> ModelSpec:
     """The one model of a deployment without a models file: its engine settings."""
     return ModelSpec.model_construct(
         engine=settings.engine,  # any registered engine (model_construct does not check)

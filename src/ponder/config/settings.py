@@ -22,7 +22,13 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 from pydantic_settings import BaseSettings, NoDecode, SettingsConfigDict
 
-from ponder.config.models import ModelSpec, load_models, served_names
+from ponder.config.models import (
+    DEFAULT_MODEL,
+    ModelSpec,
+    default_model_spec,
+    load_models,
+    served_names,
+)
 from ponder.config.modes import NUM_PRIORITIES, SERVED_MODELS, ModeConfig, default_modes
 from ponder.types import Mode
 
@@ -481,14 +487,16 @@ class Settings(BaseSettings):
 
     @property
     def models(self) -> dict[str, ModelSpec]:
-        """The models served, by name, in the models file's order."""
+        """The models served, by name, in the models file's order. Without a file, the one
+        model of the engine settings as they are now (a copy of the settings with another
+        engine, ``model_copy(update=…)``, serves that engine)."""
+        if not self.models_file:
+            return {DEFAULT_MODEL: default_model_spec(self)}
         return self._models
 
     def served_names(self) -> dict[str, tuple[str, Mode | None]]:
-        """The model names requests may give (aliases aside), each with the model and mode
-        it stands for: ``ponder`` / ``ponder-<mode>`` for the default model, then ``NAME``
-        and ``NAME-<mode>`` for every model (None: the request's own mode, else
-        standard). Made once, with the models."""
+        """The model names requests may give (aliases aside) and the model and mode each
+        stands for (:func:`ponder.config.models.served_names`, made once)."""
         return self._served
 
     @property
