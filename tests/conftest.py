@@ -26,6 +26,7 @@ if TYPE_CHECKING:
     from fastapi import FastAPI
 
     from ponder.store import TaskStore
+    from ponder.types import Task
 
 REDIS_URL = os.environ.get("PONDER_TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 
@@ -257,7 +258,24 @@ async def wait_for_task(
     return task
 
 
-TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled"}
+TERMINAL_NAMES = {"done", "partial_done", "failed", "cancelled", "expired"}
+
+
+async def follow_to_end(store: TaskStore, task_id: str, timeout_s: float = 15.0) -> Task:
+    """Follow the task's event log in the store (no polling) until the task is terminal;
+    the final Task."""
+    from ponder.states import is_terminal
+
+    after: str | None = None
+    async with asyncio.timeout(timeout_s):
+        while True:
+            task = await store.get_task(task_id)
+            assert task is not None
+            if is_terminal(task.status):
+                return task
+            events = await store.read_events(task_id, after, block_ms=500)
+            if events:
+                after = events[-1].id
 
 
 def free_port() -> int:

@@ -24,9 +24,8 @@ from ponder.runtime import WorkerRuntime
 from ponder.schemas import TaskCreate
 from ponder.store.base import Admission, TaskStore
 from ponder.types import SampleStatus, Task, TaskStatus
-from tests.conftest import make_settings, open_store, start_uvicorn
+from tests.conftest import follow_to_end, make_settings, open_store, start_uvicorn
 from tests.engines.test_openai import CompatServer
-from tests.test_worker_escalation import wait
 
 QUESTION = "What is 17 * 24?"
 
@@ -123,7 +122,7 @@ async def test_the_weak_server_escalates_to_the_strong_one(
     async with deployment(tmp_path, store_keys, weak, strong) as (settings, store, runtime):
         assert sorted(w.model for w in runtime.workers) == ["strong", "weak"]
         task = await submit(store, settings)
-        done = await wait(store, task.id, timeout_s=30)
+        done = await follow_to_end(store, task.id, 30)
     assert done.status == TaskStatus.done, done.error
     assert done.result is not None
     assert (done.result.answer, done.result.model, done.result.escalated_to) == (
@@ -146,7 +145,7 @@ async def test_agreeing_weak_answers_stay_on_the_weak_server(
     weak, strong = Answerer(lambda seed: "408", -0.5), Answerer(lambda seed: "408", -0.3)
     async with deployment(tmp_path, store_keys, weak, strong) as (settings, store, _):
         task = await submit(store, settings, target_confidence=0.5)
-        done = await wait(store, task.id, timeout_s=30)
+        done = await follow_to_end(store, task.id, 30)
     assert done.status == TaskStatus.done and done.result is not None
     assert (done.result.answer, done.result.model, done.result.escalated_to) == (
         "408",

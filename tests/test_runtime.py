@@ -3,7 +3,6 @@ one process serving two models, each on its own engine loaded on demand."""
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -16,11 +15,10 @@ from ponder.errors import ConfigError
 from ponder.ids import IdGenerator
 from ponder.runtime import WorkerRuntime
 from ponder.schemas import TaskCreate
-from ponder.states import is_terminal
 from ponder.store import create_store
 from ponder.store.base import Admission, TaskStore
 from ponder.types import Task, TaskStatus
-from tests.conftest import open_store, until
+from tests.conftest import follow_to_end, open_store, until
 
 
 def test_static_batches_must_fit_the_engine(tmp_path: Path) -> None:
@@ -92,20 +90,6 @@ async def _create(
     return stored
 
 
-async def _wait_done(store: TaskStore, task_id: str, timeout_s: float = 15.0) -> Task:
-    """Follow the task's event log (no polling) until it is terminal."""
-    after: str | None = None
-    async with asyncio.timeout(timeout_s):
-        while True:
-            task = await store.get_task(task_id)
-            assert task is not None
-            if is_terminal(task.status):
-                return task
-            events = await store.read_events(task_id, after, block_ms=500)
-            if events:
-                after = events[-1].id
-
-
 @pytest.mark.timeout(60)
 async def test_one_runtime_serves_two_models_each_on_its_own_engine(
     settings: Settings, tmp_path: Path
@@ -127,7 +111,7 @@ async def test_one_runtime_serves_two_models_each_on_its_own_engine(
                 for n, model in enumerate(["small", "big", "small", "big"])
             ]
             for task in tasks:
-                done = await _wait_done(store, task.id)
+                done = await follow_to_end(store, task.id)
                 assert done.status is TaskStatus.done and done.model == task.model
                 assert done.result is not None and done.result.answer is not None
             # each task's rows ran on its own model's engine, and only there
@@ -172,8 +156,8 @@ async def test_a_model_waits_for_the_only_loaded_slot_then_runs(
             slow = await _create(store, s, "[[sleep_ms: 800]] [[answers: 1]]", "small")
             await until(lambda: runtime.runners["small"].state == "loaded", 10, "small loaded")
             waiting = await _create(store, s, "[[answers: 2]]", "big")
-            done_big = await _wait_done(store, waiting.id)
-            done_small = await _wait_done(store, slow.id)
+            done_big = await follow_to_end(store, waiting.id)
+            done_small = await follow_to_end(store, slow.id)
             assert done_big.status is TaskStatus.done and done_small.status is TaskStatus.done
             assert done_small.finished_at is not None and done_big.started_at is not None
             # big's row ran only after small's ended: one model loaded at a time
@@ -242,10 +226,10 @@ async def test_a_task_of_a_model_nobody_serves_expires_through_the_runtime(
             stranded = await _create(store, s, "[[answers: 1]]", "big")
             expiring = await _create(store, s, "[[answers: 1]]", "big", queue_timeout_s=0.2)
             served = await _create(store, s, "[[answers: 2]]", "small")
-            ended = await _wait_done(store, expiring.id)
+            ended = await follow_to_end(store, expiring.id)
             assert ended.status is TaskStatus.expired and ended.started_at is None
             assert ended.error is not None and ended.error.code == "queue_timeout"
-            assert (await _wait_done(store, served.id)).status is TaskStatus.done
+            assert (await follow_to_end(store, served.id)).status is TaskStatus.done
             assert [t for _, t in recorded.rows if t == expiring.id] == []
             still = await store.get_task(stranded.id)  # no deadline: left pending
             assert still is not None and still.status is TaskStatus.pending

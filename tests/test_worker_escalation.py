@@ -19,12 +19,12 @@ from ponder.engines.base import SampleOutput, SampleRequest
 from ponder.errors import EngineError
 from ponder.ids import IdGenerator
 from ponder.schemas import TaskCreate
-from ponder.states import is_final, is_terminal
+from ponder.states import is_final
 from ponder.store.base import Admission, TaskStore
 from ponder.types import EventName, SampleStatus, Task, TaskStatus, utcnow
 from ponder.worker import Worker
 from ponder.worker.task_run import TaskRun
-from tests.conftest import make_settings, open_store
+from tests.conftest import follow_to_end, make_settings, open_store
 
 MODELS = """
 [models.weak]
@@ -115,20 +115,6 @@ async def submit(store: TaskStore, settings: Settings, model: str, **fields: obj
     return stored
 
 
-async def wait(store: TaskStore, task_id: str, timeout_s: float = 20.0) -> Task:
-    """Until the task is terminal (on its event log: no polling)."""
-    after: str | None = None
-    async with asyncio.timeout(timeout_s):
-        while True:
-            task = await store.get_task(task_id)
-            assert task is not None
-            if is_terminal(task.status):
-                return task
-            events = await store.read_events(task_id, after, block_ms=500)
-            if events:
-                after = events[-1].id
-
-
 async def test_an_unsure_weak_model_hands_the_task_to_the_strong_one(
     tmp_path: Path, store_keys: dict[str, object]
 ) -> None:
@@ -136,7 +122,7 @@ async def test_an_unsure_weak_model_hands_the_task_to_the_strong_one(
     weak, strong = Answers(disagreeing), Answers(right, mean_logprob=-0.3)
     async with workers(settings, {"weak": weak, "strong": strong}) as store:
         task = await submit(store, settings, "weak")
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
         events = await store.read_events(task.id, None, limit=1000)
     assert done.status == TaskStatus.done, done.error
     assert done.model == "strong" and done.result is not None
@@ -185,7 +171,7 @@ async def test_weak_answers_that_agree_do_not_escalate(
     weak, strong = Answers(right, mean_logprob=-0.5), Answers(right)
     async with workers(settings, {"weak": weak, "strong": strong}) as store:
         task = await submit(store, settings, "weak", target_confidence=0.5)
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.done and done.result is not None
     assert (done.model, done.result.model, done.result.escalated_to) == ("weak", "weak", None)
     assert (done.result.answer, done.result.stage, done.result.votes) == ("408", 2, {"408": 2})
@@ -199,7 +185,7 @@ async def test_escalation_never_loops_back(tmp_path: Path, store_keys: dict[str,
     weak, strong = Answers(disagreeing), Answers(disagreeing)
     async with workers(settings, {"weak": weak, "strong": strong}) as store:
         task = await submit(store, settings, "weak")
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.done and done.result is not None
     assert (done.model, done.result.model, done.result.escalated_to) == (
         "strong",
@@ -219,7 +205,7 @@ async def test_the_hand_over_is_no_takeover_against_max_deliveries(
     settings = two_models(tmp_path, store_keys).model_copy(update={"max_deliveries": 1})
     async with workers(settings, {"weak": Answers(disagreeing), "strong": Answers(right)}) as store:
         task = await submit(store, settings, "weak")
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.done, done.error
     assert done.result is not None and done.result.escalated_to == "strong"
 
@@ -231,7 +217,7 @@ async def test_the_weak_answer_stands_when_the_strong_model_gives_none(
     runners = {"weak": Answers(disagreeing), "strong": Answers(lambda i: None)}
     async with workers(settings, runners) as store:
         task = await submit(store, settings, "weak")
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.partial_done and done.result is not None
     assert (done.result.model, done.result.escalated_to) == ("weak", "strong")
     assert done.result.answer in {disagreeing(i) for i in range(5)}
@@ -246,7 +232,7 @@ async def test_no_escalation_without_budget_left(
     weak, strong = Answers(disagreeing), Answers(right)
     async with workers(settings, {"weak": weak, "strong": strong}) as store:
         task = await submit(store, settings, "weak", max_total_tokens=30)
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.done and done.result is not None
     assert done.result.escalated_to is None and not strong.requests
     assert done.usage.completion_tokens == 30  # the budget, all spent on the weak model
@@ -259,7 +245,7 @@ async def test_no_escalation_to_a_model_no_live_worker_serves(
     settings = two_models(tmp_path, store_keys)
     async with workers(settings, {"weak": Answers(disagreeing)}) as store:
         task = await submit(store, settings, "weak")
-        done = await wait(store, task.id)
+        done = await follow_to_end(store, task.id, 20)
     assert done.status == TaskStatus.done and done.result is not None
     assert (done.model, done.result.model, done.result.escalated_to) == ("weak", "weak", None)
     assert done.result.stage == 3

@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import logging
 from datetime import datetime, timedelta
+from typing import Any
 
 from ponder import metrics
 from ponder.errors import RecoverableError
@@ -29,7 +30,7 @@ from ponder.states import check_transition
 from ponder.store.base import TaskRecords
 from ponder.types import EventName, Task, TaskError, TaskStatus, utcnow
 
-__all__ = ["ExpirySweeper", "expire", "past_queue_deadline", "queue_timeout_error"]
+__all__ = ["ExpirySweeper", "expire", "mark_expired", "past_queue_deadline", "queue_timeout_error"]
 
 log = logging.getLogger("ponder.worker")
 
@@ -57,17 +58,23 @@ def queue_timeout_error(task: Task) -> TaskError:
     )
 
 
-async def expire(store: TaskRecords, task: Task) -> bool:
-    """Write ``task`` (pending, past its queue deadline) ``expired`` with its end event;
-    False when it changed since it was read (it started, or was cancelled)."""
+def mark_expired(task: Task) -> list[tuple[str, dict[str, Any]]]:
+    """Make ``task`` (pending, past its queue deadline) ``expired``, with its error; the
+    events its write appends (its end event, as a failed task's)."""
     check_transition(task.status, TaskStatus.expired)
     task.status = TaskStatus.expired
     task.finished_at = utcnow()
     task.error = queue_timeout_error(task)
-    if not await store.update_task(task, [(EventName.result, task.to_public())]):
+    return [(EventName.result, task.to_public())]
+
+
+async def expire(store: TaskRecords, task: Task) -> bool:
+    """Write ``task`` (pending, past its queue deadline) ``expired`` with its end event;
+    False when it changed since it was read (it started, or was cancelled)."""
+    if not await store.update_task(task, mark_expired(task)):
         return False
     metrics.TASKS_FINISHED.labels(status=TaskStatus.expired.value).inc()
-    log.info("task %s expired: %s", task.id, task.error.message)
+    log.info("task %s expired: %s", task.id, task.error and task.error.message)
     return True
 
 

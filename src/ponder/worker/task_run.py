@@ -24,7 +24,7 @@ from ponder.enhance import escalation
 from ponder.enhance.strategy import StopReason, Strategy, create_strategy
 from ponder.errors import EngineBusy, EngineDeadError, EngineError, StoreUnavailable
 from ponder.states import check_transition, is_terminal
-from ponder.store.base import Claim, TaskEvents
+from ponder.store.base import Claim, Liveness, TaskEvents
 from ponder.types import (
     EventName,
     Result,
@@ -36,7 +36,7 @@ from ponder.types import (
     Tokens,
     utcnow,
 )
-from ponder.worker.expiry import past_queue_deadline, queue_timeout_error
+from ponder.worker.expiry import mark_expired, past_queue_deadline
 
 __all__ = ["BACKOFF_MAX_S", "SampleRunner", "TaskAbandoned", "TaskRun"]
 
@@ -59,6 +59,10 @@ class SampleRunner(Protocol):
     async def submit(self, request: SampleRequest) -> SampleOutput: ...
 
 
+class RunStore(TaskEvents, Liveness, Protocol):
+    """A task run's store: the task's record and log, the workers' model states."""
+
+
 class TaskAbandoned(Exception):
     """The task was cancelled, or taken over by another worker, while this one ran it."""
 
@@ -72,7 +76,7 @@ class TaskRun:
 
     def __init__(
         self,
-        store: TaskEvents,
+        store: RunStore,
         runner: SampleRunner,
         settings: Settings,
         claim: Claim,
@@ -518,18 +522,16 @@ class TaskRun:
             await self._finish_failed("engine_error", errors[0] if errors else "no sample finished")
 
     async def _escalation(self, result: Result) -> str | None:
-        """The model the task continues on (:mod:`ponder.enhance.escalation`), or None;
-        never when no token of the budget or no time before the deadline is left, nor to
-        a model no live worker serves (the task would wait in its queue for good)."""
+        """The model the task continues on (:mod:`ponder.enhance.escalation`), or None: not
+        without budget or time left, nor to a model no live worker serves."""
         tokens = self._tokens_left()
         if (tokens is not None and tokens < 1) or self._deadline() <= time.monotonic():
             return None
         target = self.strategy.target_confidence
         to = escalation.escalation_target(self.task, self.settings, result, target)
-        served = getattr(self.store, "served_models", None)  # a worker's store has it
-        if to is None or served is None:
-            return to
-        states = await self._through_outage(served)
+        if to is None:
+            return None
+        states = await self._through_outage(self.store.served_models)
         return to if any(state.model == to for state in states) else None
 
     async def _hand_over(self, result: Result, to: str) -> None:
@@ -564,12 +566,8 @@ class TaskRun:
 
     async def _expire(self) -> None:
         """The task waited in the queue past its deadline: it ends expired and never runs
-        (its end event as a failed task's; the write acks the claim)."""
-        task = self.task
-        check_transition(task.status, TaskStatus.expired)
-        task.status, task.finished_at = TaskStatus.expired, utcnow()
-        task.error = queue_timeout_error(task)
-        await self._save([(EventName.result, task.to_public())])
+        (the write acks the claim)."""
+        await self._save(mark_expired(self.task))
         metrics.TASKS_FINISHED.labels(status=TaskStatus.expired.value).inc()
 
     async def _finish_failed(self, code: str, message: str) -> None:
