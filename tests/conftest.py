@@ -111,6 +111,18 @@ def redis_settings(redis_url: str, key_prefix: str) -> Settings:
 
 
 @pytest.fixture(params=["sqlite", "redis"])
+def store_keys(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
+    """The settings that name a store, once per store implementation (for tests that make
+    their settings with other keys, such as a models file)."""
+    if request.param == "sqlite":
+        return {"sqlite_path": str(tmp_path / "ponder.db")}
+    return {
+        "redis_url": request.getfixturevalue("redis_url"),
+        "key_prefix": request.getfixturevalue("key_prefix"),
+    }
+
+
+@pytest.fixture(params=["sqlite", "redis"])
 def settings(request: pytest.FixtureRequest) -> Settings:
     """Run a test once per store implementation."""
     name = "sqlite_settings" if request.param == "sqlite" else "redis_settings"

@@ -12,7 +12,6 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Any, cast
 
-import pytest
 import uvicorn
 
 from ponder.admission import build_task
@@ -154,13 +153,3 @@ async def test_agreeing_weak_answers_stay_on_the_weak_server(
     )
     assert weak.seeds and not strong.seeds
     assert {s.model for s in done.samples} == {"weak"}
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def store_keys(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
-    if request.param == "sqlite":
-        return {"sqlite_path": str(tmp_path / "ponder.db")}
-    return {
-        "redis_url": request.getfixturevalue("redis_url"),
-        "key_prefix": request.getfixturevalue("key_prefix"),
-    }

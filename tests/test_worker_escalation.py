@@ -11,8 +11,6 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-import pytest
-
 from ponder.admission import build_task
 from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
@@ -70,16 +68,6 @@ def disagreeing(index: int) -> str:
 
 def right(index: int) -> str:
     return "408"
-
-
-@pytest.fixture(params=["sqlite", "redis"])
-def store_keys(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, object]:
-    if request.param == "sqlite":
-        return {"sqlite_path": str(tmp_path / "ponder.db")}
-    return {
-        "redis_url": request.getfixturevalue("redis_url"),
-        "key_prefix": request.getfixturevalue("key_prefix"),
-    }
 
 
 def two_models(tmp_path: Path, store_keys: dict[str, object], strong: str = "") -> Settings:

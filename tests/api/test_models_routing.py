@@ -51,20 +51,15 @@ ASK: list[ChatCompletionMessageParam] = [
 ]
 
 
-@pytest.fixture(params=["sqlite", "redis"])
-def two_models(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
+@pytest.fixture
+def two_models(store_keys: dict[str, object], tmp_path: Path) -> Settings:
     """Settings with the models file of ``small`` and ``big`` (an alias gpt-4o → big-deep),
     once per store."""
     path = tmp_path / "models.toml"
     path.write_text(MODELS)
-    if request.param == "sqlite":
-        where: dict[str, Any] = {"sqlite_path": str(tmp_path / "ponder.db")}
-    else:
-        where = {
-            "redis_url": request.getfixturevalue("redis_url"),
-            "key_prefix": request.getfixturevalue("key_prefix"),
-        }
-    settings = make_settings(models_file=str(path), model_aliases={"gpt-4o": "big-deep"}, **where)
+    settings = make_settings(
+        models_file=str(path), model_aliases={"gpt-4o": "big-deep"}, **store_keys
+    )
     return fast_settings(settings)
 
 
