@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from ponder import metrics
 from ponder.admission import build_task
 from ponder.config import Settings
 from ponder.engines.base import SampleOutput, SampleRequest
@@ -108,11 +109,14 @@ async def test_an_unsure_weak_model_hands_the_task_to_the_strong_one(
 ) -> None:
     settings = two_models(tmp_path, store_keys)
     weak, strong = Answers(disagreeing), Answers(right, mean_logprob=-0.3)
+    labels = {"from_model": "weak", "to_model": "strong"}
+    before = metrics.REGISTRY.get_sample_value("ponder_escalations_total", labels) or 0
     async with workers(settings, {"weak": weak, "strong": strong}) as store:
         task = await submit(store, settings, "weak")
         done = await follow_to_end(store, task.id, 20)
         events = await store.read_events(task.id, None, limit=1000)
     assert done.status == TaskStatus.done, done.error
+    assert metrics.REGISTRY.get_sample_value("ponder_escalations_total", labels) == before + 1
     assert done.model == "strong" and done.result is not None
     assert (done.result.answer, done.result.model, done.result.escalated_to) == (
         "408",

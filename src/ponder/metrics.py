@@ -101,6 +101,13 @@ BUFFER_DEPTH = Gauge(
     ["priority"],
     registry=REGISTRY,
 )
+ESCALATIONS = Counter(
+    "ponder_escalations_total",
+    "Auto tasks handed over to a stronger model (escalate_to), by the model they came from "
+    "and the one they went to",
+    ["from_model", "to_model"],
+    registry=REGISTRY,
+)
 TASKS_RECLAIMED = Counter(
     "ponder_tasks_reclaimed_total",
     "Queue entries taken over from dead workers or lapsed leases",

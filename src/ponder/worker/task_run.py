@@ -542,6 +542,7 @@ class TaskRun:
         self._last_events = []
         self._count()
         await self._save(events, hand_over=True)
+        metrics.ESCALATIONS.labels(from_model=came_from, to_model=to).inc()
         log.info("task %s escalated from model %s to %s", self.task.id, came_from, to)
 
     async def _clarify(self, contested: list[str]) -> str:
