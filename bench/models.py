@@ -36,7 +36,15 @@ from typing import Any
 import httpx
 import psutil
 
-from harness import Proc, code_version, environment, free_port, load_avg, write_report
+from harness import (
+    Proc,
+    code_version,
+    environment,
+    free_port,
+    load_avg,
+    wait_ready,
+    write_report,
+)
 
 MODELS = {"smollm2": "smollm2-135m", "qwen": "qwen0.5b"}
 PROMPT = "What is 17 + 25? Answer with the number."
@@ -90,13 +98,17 @@ async def model_states(c: httpx.AsyncClient) -> dict[str, dict[str, Any]]:
     return {m["model"]: m for m in body["models"]}
 
 
-async def wait_state(c: httpx.AsyncClient, model: str, state: str, timeout_s: float) -> None:
-    """Another process's state: polled (every 0.2 s)."""
-    deadline = time.monotonic() + timeout_s
-    while (await model_states(c))[model]["state"] != state:
-        if time.monotonic() > deadline:
-            raise RuntimeError(f"{model} not {state} within {timeout_s} s")
-        await asyncio.sleep(0.2)
+async def engines_gone(pid: int, timeout_s: float) -> None:
+    """Until the engine processes under ``pid`` (``ponder serve``) have exited: the model's
+    unload, waited on with the OS's process exits (psutil.wait_procs, in a thread)."""
+    engines = [
+        p
+        for p in psutil.Process(pid).children(recursive=True)
+        if any("openvino_process" in part for part in p.cmdline())
+    ]
+    _, alive = await asyncio.to_thread(psutil.wait_procs, engines, timeout=timeout_s)
+    if alive:
+        raise RuntimeError(f"engine processes {[p.pid for p in alive]} alive after {timeout_s} s")
 
 
 def load_seconds(log: str, model: str) -> list[float]:
@@ -129,21 +141,17 @@ async def measure(args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     out: dict[str, Any] = {"alone": {}}
     try:
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=600) as c:
-            deadline = time.monotonic() + 120
-            while True:  # the service's start: polled
-                with contextlib.suppress(httpx.HTTPError):
-                    if (await c.get("/readyz")).status_code == 200:
-                        break
-                if time.monotonic() > deadline or not serve.alive():
-                    raise RuntimeError(f"ponder serve did not start:\n{serve.log_tail()}")
-                await asyncio.sleep(0.2)
+            try:
+                await wait_ready(f"http://127.0.0.1:{port}", workers=1, timeout_s=120)
+            except RuntimeError as e:
+                raise RuntimeError(f"ponder serve did not start:\n{serve.log_tail()}") from e
             out["base_mb"] = tree_mb(serve.pid)
             for name in MODELS:
                 first = await run_task(c, name, args.tokens)
                 warm = await run_task(c, name, args.tokens)
                 loaded_mb, loaded_parent = tree_mb(serve.pid), parent_mb(serve.pid)
                 engine_mb = (await model_states(c))[name]["resident_mb"]
-                await wait_state(c, name, "unloaded", args.keep_alive_s + 60)
+                await engines_gone(serve.pid, args.keep_alive_s + 60)
                 out["alone"][name] = {
                     "first_s": first,
                     "warm_s": warm,

@@ -294,11 +294,9 @@ class Worker:
         again at once when the model's load state changes (the console shows it)."""
         delay_s = self.settings.heartbeat_interval_s
         while True:
-            if self._loads is None:
-                await asyncio.sleep(delay_s)
-            else:
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._loads.changed().wait(), delay_s)
+            changed = asyncio.Event() if self._loads is None else self._loads.changed()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(changed.wait(), delay_s)
             try:
                 await self._register_now()
                 claims = [f.claim for f in self._in_flight.values()]
